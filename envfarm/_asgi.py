@@ -1,0 +1,95 @@
+"""Call an ASGI app in-process: no sockets, no client object per call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+from envfarm._guard import CallGuard
+
+
+class Tracked:
+    """Await a coroutine while marking each of its steps as running env code of ``guard``.
+
+    The timeout watchdog only interrupts a thread while it is inside such a step, so a busy loop
+    is stopped without ever raising into unrelated code that shares the event loop.
+    """
+
+    __slots__ = ("_coro", "_guard")
+
+    def __init__(self, coro: Coroutine, guard: CallGuard) -> None:
+        self._coro = coro
+        self._guard = guard
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self  # type: ignore[return-value]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.send(None)
+
+    def send(self, value):
+        with self._guard.running():
+            return self._coro.send(value)
+
+    def throw(self, *exc):
+        with self._guard.running():
+            return self._coro.throw(*exc)
+
+    def close(self):
+        self._coro.close()
+
+
+async def asgi_request(app, method: str, path: str, query: str, body: bytes | None
+                       ) -> tuple[int, bytes, str]:
+    """One HTTP request through ``app``: ``(status, body, content_type)``."""
+    headers = [(b"host", b"env.local")]
+    if body is not None:
+        headers += [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())]
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1", "method": method, "scheme": "http", "path": path,
+        "raw_path": path.encode(), "root_path": "", "query_string": query.encode(),
+        "headers": headers, "client": ("127.0.0.1", 0), "server": ("env.local", 80),
+        "state": {},
+    }
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": body or b"", "more_body": False}
+        return {"type": "http.disconnect"}
+
+    status = 500
+    chunks: list[bytes] = []
+    content_type = ""
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, content_type
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            for key, value in message.get("headers", []):
+                if key.lower() == b"content-type":
+                    content_type = value.decode("latin-1")
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, b"".join(chunks), content_type
+
+
+def decode_body(body: bytes, content_type: str) -> Any:
+    if not body:
+        return None
+    if "json" in content_type or body[:1] in (b"{", b"["):
+        try:
+            return json.loads(body)
+        except ValueError:
+            pass
+    return body.decode("utf-8", errors="replace")

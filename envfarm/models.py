@@ -1,0 +1,105 @@
+"""Typed records of an environment bundle (AWM's on-disk format) and of tool calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _AWMRecord(BaseModel):
+    # AWM records carry optional classifier/bookkeeping fields we keep but do not interpret.
+    model_config = ConfigDict(extra="allow")
+
+
+class TableSchema(_AWMRecord):
+    name: str = Field(description="Table name.")
+    ddl: str = Field(description="CREATE TABLE statement.")
+    indexes: list[str] = Field(default_factory=list, description="CREATE INDEX statements.")
+
+
+class DBSchema(_AWMRecord):
+    tables: list[TableSchema] = Field(default_factory=list)
+
+
+class TableSample(_AWMRecord):
+    table_name: str
+    reasoning: str = ""
+    insert_statements: list[str] = Field(default_factory=list)
+
+
+class SampleData(_AWMRecord):
+    tables: list[TableSample] = Field(default_factory=list)
+
+
+class Verifier(_Model):
+    """One task's verifier code (sql mode ``verify_task`` or code mode ``verify_task_completion``)."""
+
+    task_idx: int
+    task: str = ""
+    code: str
+    raw_response: str = ""
+
+    @property
+    def criteria(self) -> dict[str, Any]:
+        """success/failure criteria from AWM's raw_response, when it is JSON."""
+        try:
+            parsed = json.loads(self.raw_response) if self.raw_response else {}
+        except json.JSONDecodeError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+
+
+class ToolCall(_Model):
+    """One call of a tool: the tool's name and its flat JSON arguments."""
+
+    tool: str = Field(description="Tool name (the FastAPI operation_id).")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Flat JSON arguments.")
+
+
+class EnvBundle(_Model):
+    """Everything the catalog knows about one environment; any part may be missing."""
+
+    name: str = Field(description="AWM-normalized scenario name.")
+    description: str = ""
+    tasks: list[str] = Field(default_factory=list)
+    db_schema: DBSchema | None = None
+    sample_data: SampleData | None = None
+    api_spec: dict[str, Any] | None = None
+    code: str | None = Field(default=None, description="full_code: one FastAPI module.")
+    verifiers: dict[int, Verifier] = Field(default_factory=dict, description="sql mode, by task.")
+    code_verifiers: dict[int, Verifier] = Field(default_factory=dict, description="code mode.")
+    solutions: dict[int, list[ToolCall]] = Field(default_factory=dict)
+    problems: list[str] = Field(default_factory=list, description="What is missing or broken.")
+
+    @property
+    def servable(self) -> bool:
+        return self.code is not None
+
+
+class ToolSpec(_Model):
+    """A tool as an agent sees it."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ToolError(_Model):
+    kind: Literal["agent_error", "env_error"]
+    message: str
+
+
+class CallResult(_Model):
+    """Outcome of one tool call: a result, or a typed error; never an exception."""
+
+    ok: bool
+    result: Any = None
+    error: ToolError | None = None
+    status: int | None = Field(default=None, description="HTTP status the env answered.")
+    elapsed_ms: float = 0.0

@@ -1,0 +1,201 @@
+"""The environment runtime: one compiled env, many isolated instances (no Ray here).
+
+An ``EnvRuntime`` compiles an env's code once and builds its initial database once, as bytes.
+Each ``Instance`` owns an in-memory SQLite connection restored from those bytes; a reset is one
+``deserialize``. Calls are routed in-process through ASGI and always come back as a
+``CallResult``: agent mistakes and env faults are typed outcomes, never host crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from envfarm import _binding, _guard
+from envfarm._asgi import Tracked, asgi_request, decode_body
+from envfarm._tools import Operation, extract_operations
+from envfarm.errors import AgentError, EnvLoadError
+from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
+from envfarm.template import TemplateBuild, build_template, open_memory_db
+
+DEFAULT_CALL_TIMEOUT_S = 10.0
+MAX_PAYLOAD_BYTES = 1 << 20
+
+
+class EnvRuntime:
+    """One environment, loaded once per process."""
+
+    def __init__(self, bundle: EnvBundle, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+        if bundle.code is None:
+            raise EnvLoadError(f"env {bundle.name!r} has no code (gen_envs.jsonl) to serve",
+                               env=bundle.name)
+        self.bundle = bundle
+        self.name = bundle.name
+        self.call_timeout_s = call_timeout_s
+        self.max_payload_bytes = max_payload_bytes
+        loaded: dict[str, Any] = {}
+
+        def load(conn: sqlite3.Connection) -> None:
+            loaded["module"] = _binding.load_module(bundle.name, bundle.code, conn)
+
+        started = time.perf_counter()
+        self.template: TemplateBuild = build_template(bundle.db_schema, bundle.sample_data,
+                                                      before_inserts=load)
+        self.module = loaded["module"]
+        self.app = _binding.find_app(bundle.name, self.module)
+        self.operations, self.problems = extract_operations(self.app)
+        self.problems += self.template.errors
+        self.build_seconds = time.perf_counter() - started
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return [op.spec for op in self.operations.values()]
+
+    def instance(self) -> Instance:
+        return Instance(self)
+
+
+class Instance:
+    """An isolated, instantly resettable copy of an environment's state."""
+
+    def __init__(self, runtime: EnvRuntime) -> None:
+        self.runtime = runtime
+        self.conn = open_memory_db()
+        self.conn.deserialize(runtime.template.data)
+        self._slot = _binding.Slot(self.conn)
+        #: Serializes calls, resets and snapshots on this instance.
+        self.lock = asyncio.Lock()
+        self.closed = False
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return self.runtime.tools
+
+    # -- state ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Back to the initial state (one deserialize)."""
+        self._restore(self.runtime.template.data)
+
+    def snapshot(self) -> bytes:
+        """The current state as SQLite database bytes."""
+        return self.conn.serialize()
+
+    def initial_snapshot(self) -> bytes:
+        return self.runtime.template.data
+
+    def write_snapshots(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``initial.db`` and ``final.db`` for verifier code; returns their paths."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        initial, final = folder / "initial.db", folder / "final.db"
+        initial.write_bytes(self.initial_snapshot())
+        final.write_bytes(self.snapshot())
+        return initial, final
+
+    def close(self) -> None:
+        self.closed = True
+        self.conn.close()
+
+    def _restore(self, data: bytes) -> None:
+        if self.conn.in_transaction:
+            self.conn.rollback()
+        try:
+            self.conn.deserialize(data)
+        except sqlite3.Error:
+            # A statement left open by env code blocks deserialize: start over on a new connection.
+            self.conn.close()
+            self.conn = open_memory_db()
+            self.conn.deserialize(data)
+            self._slot = _binding.Slot(self.conn)
+
+    # -- calls ---------------------------------------------------------------------------------
+    async def call(self, tool: str, arguments: Any = None) -> CallResult:
+        """Call a tool. Never raises for agent or env faults: see ``CallResult.error``."""
+        started = time.perf_counter()
+        try:
+            op, request = self._prepare(tool, {} if arguments is None else arguments)
+        except AgentError as exc:
+            return _failed("agent_error", exc.message, None, started)
+        async with self.lock:
+            if self.closed:
+                return _failed("env_error", "instance is closed", None, started)
+            return await self._call_locked(op, request, started)
+
+    def call_sync(self, tool: str, arguments: Any = None) -> CallResult:
+        """``call`` for code without a running event loop."""
+        return asyncio.run(self.call(tool, arguments))
+
+    def _prepare(self, tool: str, arguments: Any) -> tuple[Operation, tuple]:
+        op = self.runtime.operations.get(tool)
+        if op is None:
+            names = sorted(self.runtime.operations)
+            hint = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
+            raise AgentError(f"unknown tool {tool!r}; available tools: {hint}")
+        if not isinstance(arguments, dict):
+            raise AgentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+        size = len(json.dumps(arguments, default=str))
+        if size > self.runtime.max_payload_bytes:
+            raise AgentError(f"arguments are {size} bytes; the limit is "
+                             f"{self.runtime.max_payload_bytes} bytes")
+        return op, op.build_request(arguments)
+
+    async def _call_locked(self, op: Operation, request: tuple, started: float) -> CallResult:
+        path, query, body = request
+        timeout = self.runtime.call_timeout_s
+        before = self.conn.serialize()
+        guard = _guard.CallGuard(timeout, self.conn)
+        token = _binding.bind(self._slot)
+        status: int | None = None
+        try:
+            with _guard.guarded(guard):
+                async with asyncio.timeout(timeout):
+                    coro = asgi_request(self.runtime.app, op.method, path, query, body)
+                    status, raw, content_type = await Tracked(coro, guard)
+            result = decode_body(raw, content_type)
+        except (_guard.CallTimeout, TimeoutError):
+            result = _failed("env_error", f"tool {op.spec.name!r} timed out after {timeout:g} s",
+                             status, started)
+        except Exception as exc:  # noqa: BLE001 - env code may raise anything
+            result = _failed("env_error", f"tool {op.spec.name!r} raised {type(exc).__name__}: "
+                             f"{_clip(str(exc))}", status, started)
+        finally:
+            _binding.unbind(token)
+        if isinstance(result, CallResult) or status is None or status >= 400:
+            self._restore(before)  # a failed call leaves no partial writes behind
+            if isinstance(result, CallResult):
+                return result
+            kind = "agent_error" if status < 500 else "env_error"
+            return _failed(kind, _error_message(op.spec.name, status, result), status, started)
+        if self.conn.in_transaction:
+            self.conn.rollback()  # uncommitted work is lost, as with a real server
+        return CallResult(ok=True, result=result, status=status,
+                          elapsed_ms=(time.perf_counter() - started) * 1000)
+
+
+def _failed(kind: str, message: str, status: int | None, started: float) -> CallResult:
+    return CallResult(ok=False, error=ToolError(kind=kind, message=message), status=status,
+                      elapsed_ms=(time.perf_counter() - started) * 1000)
+
+
+def _error_message(tool: str, status: int, body: Any) -> str:
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if status == 422 and isinstance(detail, list):
+        parts = []
+        for err in detail:
+            if isinstance(err, dict):
+                loc = [str(x) for x in err.get("loc", []) if x not in ("body", "query", "path")]
+                where = f"argument {'.'.join(loc)!r}: " if loc else ""
+                got = f" (got {err['input']!r})" if "input" in err and loc else ""
+                parts.append(f"{where}{err.get('msg', err)}{_clip(got, 80)}")
+        return f"tool {tool!r} rejected its arguments: " + "; ".join(parts)
+    text = detail if isinstance(detail, str) else json.dumps(detail, default=str)
+    return f"tool {tool!r} answered HTTP {status}: {_clip(text)}"
+
+
+def _clip(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
