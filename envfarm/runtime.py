@@ -30,7 +30,9 @@ class EnvRuntime:
     """One environment, loaded once per process."""
 
     def __init__(self, bundle: EnvBundle, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+                 max_payload_bytes: int = MAX_PAYLOAD_BYTES, foreign_keys: bool = False) -> None:
+        """``foreign_keys``: enforce FKs during calls. Off by default, as in AWM's own servers
+        (plain SQLAlchemy engines), which the generated code was validated against."""
         if bundle.code is None:
             raise EnvLoadError(f"env {bundle.name!r} has no code (gen_envs.jsonl) to serve",
                                env=bundle.name)
@@ -38,6 +40,7 @@ class EnvRuntime:
         self.name = bundle.name
         self.call_timeout_s = call_timeout_s
         self.max_payload_bytes = max_payload_bytes
+        self.foreign_keys = foreign_keys
         loaded: dict[str, Any] = {}
 
         def load(conn: sqlite3.Connection) -> None:
@@ -65,7 +68,7 @@ class Instance:
 
     def __init__(self, runtime: EnvRuntime) -> None:
         self.runtime = runtime
-        self.conn = open_memory_db()
+        self.conn = open_memory_db(runtime.foreign_keys)
         self.conn.deserialize(runtime.template.data)
         self._slot = _binding.Slot(self.conn)
         #: Serializes calls, resets and snapshots on this instance.
@@ -109,7 +112,7 @@ class Instance:
         except sqlite3.Error:
             # A statement left open by env code blocks deserialize: start over on a new connection.
             self.conn.close()
-            self.conn = open_memory_db()
+            self.conn = open_memory_db(self.runtime.foreign_keys)
             self.conn.deserialize(data)
             self._slot = _binding.Slot(self.conn)
 

@@ -24,10 +24,10 @@ class TemplateBuild:
         return len(self.errors) / self.statements if self.statements else 0.0
 
 
-def open_memory_db() -> sqlite3.Connection:
+def open_memory_db(foreign_keys: bool = True) -> sqlite3.Connection:
     # check_same_thread=False: sync env handlers run on worker threads; calls are serialized.
     conn = sqlite3.connect(":memory:", check_same_thread=False)
-    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
     return conn
 
 
@@ -79,6 +79,8 @@ def build_template(
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' "
                                          "AND name NOT LIKE 'sqlite_%'")]
     rows = sum(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in tables)
+    if not tables:  # an empty database has no pages, and SQLite cannot serialize it
+        conn.executescript("CREATE TABLE _envfarm_empty (x); DROP TABLE _envfarm_empty;")
     conn.commit()
     return TemplateBuild(conn.serialize(), errors, statements, len(tables), rows)
 

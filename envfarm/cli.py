@@ -1,0 +1,15 @@
+"""The `envfarm` command line: one root app; each concern registers its own sub-commands."""
+
+from __future__ import annotations
+
+import typer
+
+from envfarm import cli_envs
+
+app = typer.Typer(help="envfarm: synthesize, serve and verify tool-use environments for RL.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(cli_envs.app, name="envs")
+
+
+if __name__ == "__main__":
+    app()

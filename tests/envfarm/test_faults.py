@@ -1,0 +1,88 @@
+"""Bad input and misbehaving env code: typed errors, unchanged state, host and neighbours fine."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+
+def _titles(inst):
+    return [n["title"] for n in inst.call_sync("list_notes", {}).result]
+
+
+@pytest.fixture
+def pair(toy_runtime):
+    return toy_runtime.instance(), toy_runtime.instance()
+
+
+@pytest.mark.parametrize("tool,args,kind,message", [
+    ("nope", {}, "agent_error", "unknown tool 'nope'; available tools: bad_response, create_note"),
+    ("list_notes", [1, 2], "agent_error", "arguments must be a JSON object, got list"),
+    ("list_notes", "q=1", "agent_error", "arguments must be a JSON object, got str"),
+    ("get_note", {"note_id": "abc"}, "agent_error", "argument 'note_id': Input should be a valid integer"),
+    ("create_note", {"title": "x", "owner_id": "one"}, "agent_error", "argument 'owner_id'"),
+    ("create_note", {}, "agent_error", "missing required argument(s) title"),
+    ("create_note", {"title": "x", "colour": "red"}, "agent_error", "unknown argument(s) colour"),
+    ("get_note", {"note_id": 99}, "agent_error", "HTTP 404: note 99 not found"),
+    ("create_then_fail", {"title": "x"}, "env_error", "raised RuntimeError: boom after a partial write"),
+    ("leak_session", {}, "env_error", "raised ValueError: forgot to close the session"),
+    ("bad_response", {}, "env_error", "raised ResponseValidationError"),
+    ("net", {}, "env_error", "SandboxViolation"),
+    ("spawn", {}, "env_error", "may not do 'subprocess.Popen'"),
+    ("sleep", {}, "env_error", "may not block in time.sleep(30)"),
+])
+def test_bad_calls_give_typed_errors_and_leave_state_unchanged(pair, tool, args, kind, message):
+    inst, other = pair
+    assert inst.call_sync("create_note", {"title": "mine"}).ok
+    before = inst.snapshot()
+    res = inst.call_sync(tool, args)
+    assert not res.ok and res.error.kind == kind
+    assert message in res.error.message
+    assert inst.snapshot() == before  # no partial writes, no open transaction
+    assert not inst.conn.in_transaction
+    assert _titles(inst) == ["groceries", "todo", "mine"]
+    assert _titles(other) == ["groceries", "todo"]
+
+
+def test_writing_a_file_is_refused(pair, tmp_path):
+    target = tmp_path / "escaped.txt"
+    res = pair[0].call_sync("write_file", {"path": str(target)})
+    assert res.error.kind == "env_error" and "may not write files" in res.error.message
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("tool", ["spin", "spin_sync", "hang"])
+def test_handlers_that_never_return_time_out_and_the_host_keeps_serving(pair, tool):
+    inst, other = pair
+    started = time.monotonic()
+    res = inst.call_sync(tool, {})
+    assert time.monotonic() - started < 5
+    assert res.error.kind == "env_error" and "timed out after 0.5 s" in res.error.message
+    assert inst.call_sync("create_note", {"title": "after"}).ok
+    assert _titles(other) == ["groceries", "todo"]
+
+
+def test_sql_injection_strings_are_just_data(pair):
+    inst, _ = pair
+    evil = "x'; DROP TABLE notes; --"
+    assert inst.call_sync("list_notes", {"q": evil}).result == []
+    created = inst.call_sync("create_note", {"title": evil})
+    assert created.ok and created.result["title"] == evil
+    assert _titles(inst)[-1] == evil
+
+
+def test_oversized_payload_is_rejected_before_env_code(pair):
+    inst, _ = pair
+    res = inst.call_sync("create_note", {"title": "x" * (1 << 20)})
+    assert res.error.kind == "agent_error" and "the limit is 1048576 bytes" in res.error.message
+    assert _titles(inst) == ["groceries", "todo"]
+
+
+def test_guard_is_inert_outside_env_calls(toy_runtime, tmp_path):
+    toy_runtime.instance().call_sync("net", {})  # installs the audit hook
+    path = tmp_path / "host.txt"
+    path.write_text("the host may still write files")
+    assert path.read_text().startswith("the host")
+    assert os.getpid() > 0
