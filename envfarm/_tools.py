@@ -149,6 +149,10 @@ def _operation(name: str, method: str, path: str, op: dict, components: dict) ->
 
 
 def _resolve(schema: dict, components: dict) -> dict:
+    """Follow $refs, and unwrap ``Optional[Model]`` (anyOf [model, null]) bodies."""
+    options = [o for o in schema.get("anyOf", schema.get("oneOf", [])) if o.get("type") != "null"]
+    if len(options) == 1:
+        schema = options[0]
     seen = 0
     while "$ref" in schema and seen < 20:
         match = _REF.match(schema["$ref"])

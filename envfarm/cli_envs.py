@@ -18,7 +18,7 @@ from envfarm.runtime import EnvRuntime
 
 app = typer.Typer(help="Inspect and check environment catalogs (AWM JSONL folders).",
                   no_args_is_help=True)
-console = Console()
+console = Console(soft_wrap=True)
 
 CatalogPath = Annotated[Optional[Path], typer.Argument(
     help="Catalog folder of AWM JSONL files; omitted = the catalog bundled with envfarm.")]

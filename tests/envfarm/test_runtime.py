@@ -105,3 +105,11 @@ def test_the_runtime_imports_without_ray(tmp_path):
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_optional_body_models_are_flattened_too(toy_runtime):
+    tool = next(t for t in toy_runtime.tools if t.name == "rename_note")
+    assert set(tool.input_schema["properties"]) == {"note_id", "title"}
+    inst = toy_runtime.instance()
+    assert inst.call_sync("rename_note", {"note_id": 1, "title": "shopping"}).result["title"] == "shopping"
+    assert inst.call_sync("rename_note", {"note_id": 2}).result["title"] == "todo"

@@ -95,6 +95,24 @@ async def create_then_fail(body: NoteIn):
     raise RuntimeError("boom after a partial write")
 
 
+class Rename(BaseModel):
+    title: Optional[str] = Field(None, description="New title.")
+
+
+@app.patch("/api/notes/{note_id}", response_model=NoteOut, operation_id="rename_note",
+           summary="Rename a note (optional body)")
+async def rename_note(note_id: int = Path(..., description="Note id."),
+                      body: Optional[Rename] = Body(None)):
+    session = SessionLocal()
+    n = session.query(Note).filter(Note.id == note_id).first()
+    if body is not None and body.title:
+        n.title = body.title
+        session.commit()
+    out = NoteOut(id=n.id, title=n.title)
+    session.close()
+    return out
+
+
 @app.post("/api/notes/sync", response_model=NoteOut, operation_id="create_note_sync",
           summary="Create a note (sync handler)")
 def create_note_sync(body: NoteIn):
