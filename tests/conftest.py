@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.mock_openai import MockOpenAI
 
 REPO = Path(__file__).resolve().parents[1]
 AWM_SAMPLES = REPO.parent / "shared" / "awm1k_samples"
@@ -29,3 +32,10 @@ def bundled_catalog():
     from envfarm import load_catalog
 
     return load_catalog()
+
+
+@pytest.fixture
+def mock_openai() -> Iterator[MockOpenAI]:
+    """A running scripted OpenAI-compatible server on 127.0.0.1 (see tests/fakes/mock_openai.py)."""
+    with MockOpenAI() as server:
+        yield server

@@ -1,0 +1,126 @@
+"""Executing generated DDL and INSERTs for real, statement by statement, to say which failed."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from envfarm import build_template
+from envfarm.models import DBSchema, SampleData
+
+_INDEX_NAME = re.compile(r"create\s+(?:unique\s+)?index\s+(?:if\s+not\s+exists\s+)?[\"`\[]?(\w+)", re.I)
+
+
+@dataclass
+class DDLRun:
+    """Which declared tables and indexes exist after running a schema."""
+
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    failed_tables: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    total: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return len(self.failed_tables) / self.total if self.total else 1.0
+
+
+def run_ddl(tables: list[dict[str, Any]]) -> DDLRun:
+    """Run the schema through envfarm's ``build_template`` and keep what SQLite actually created."""
+    schema = DBSchema.model_validate({"tables": tables})
+    tb = build_template(schema, None)
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(tb.data)
+    made_tables = {r[0].lower() for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    made_indexes = {r[0].lower() for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    conn.close()
+    run = DDLRun(errors=list(tb.errors), total=len(tables))
+    for t in tables:
+        if t["name"].lower() not in made_tables:
+            run.failed_tables.append(t["name"])
+            if not any(e.startswith(f"DDL for {t['name']}:") for e in tb.errors):
+                run.errors.append(f"table {t['name']!r} is declared but its DDL does not create it")
+            continue
+        indexes = [i for i in t.get("indexes", []) if (m := _INDEX_NAME.search(i)) and m.group(1).lower() in made_indexes]
+        run.kept.append({"name": t["name"], "ddl": t["ddl"], "indexes": indexes})
+    return run
+
+
+@dataclass
+class InsertRun:
+    """Which INSERTs ran (in foreign-key order, ``PRAGMA foreign_keys=ON``) and which failed."""
+
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    failed: int = 0
+    total: int = 0
+    rows: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.total if self.total else 1.0
+
+
+def run_inserts(db_tables: list[dict[str, Any]], sample_tables: list[dict[str, Any]]) -> InsertRun:
+    """Execute every INSERT against the schema; keep the ones that succeed, report the rest."""
+    schema = DBSchema.model_validate({"tables": db_tables})
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(build_template(schema, None).data)
+    conn.execute("PRAGMA foreign_keys=ON")
+    run = InsertRun()
+    ordered = _fk_order(conn, sample_tables)
+    pending = [(t["table_name"], i, sql) for t in ordered for i, sql in enumerate(t.get("insert_statements", []))]
+    run.total = len(pending)
+    ok: set[tuple[str, int]] = set()
+    for final_pass in (False, True):  # a second pass: rows may reference later rows of the same table
+        failed = []
+        for table, i, sql in pending:
+            try:
+                conn.execute(sql)
+                ok.add((table, i))
+            except sqlite3.Error as exc:
+                failed.append((table, i, sql, exc))
+        conn.commit()
+        pending = [(t, i, s) for t, i, s, _ in failed]
+        if final_pass or not failed:
+            run.failed = len(failed)
+            run.errors = [f"INSERT into {t} failed ({exc}): {s[:300]}" for t, _, s, exc in failed]
+            break
+    run.kept = [
+        {"table_name": t["table_name"], "reasoning": t.get("reasoning", ""),
+         "insert_statements": [s for i, s in enumerate(t.get("insert_statements", [])) if (t["table_name"], i) in ok]}
+        for t in sample_tables
+    ]
+    run.rows = len(ok)
+    # The farm builds the same data through build_template: it must agree.
+    check = build_template(schema, SampleData.model_validate({"tables": run.kept}))
+    run.errors += [f"farm build: {e}" for e in check.errors]
+    run.failed += len(check.errors)
+    conn.close()
+    return run
+
+
+def _fk_order(conn: sqlite3.Connection, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    names = {t["table_name"] for t in tables}
+    deps = {}
+    for t in tables:
+        try:
+            refs = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list(\"{t['table_name'].replace(chr(34), '')}\")")}
+        except sqlite3.Error:
+            refs = set()
+        deps[t["table_name"]] = {r for r in refs if r in names and r != t["table_name"]}
+    ordered, done, remaining = [], set(), list(tables)
+    while remaining:
+        ready = [t for t in remaining if deps[t["table_name"]] <= done] or [remaining[0]]
+        for t in ready:
+            ordered.append(t)
+            done.add(t["table_name"])
+            remaining.remove(t)
+    return ordered
+
+
+def ddl_text(db_tables: list[dict[str, Any]]) -> str:
+    """The schema as SQL text for prompts."""
+    return "\n".join(t["ddl"] for t in db_tables)

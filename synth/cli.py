@@ -1,0 +1,136 @@
+"""``envfarm synth``: one subcommand per stage, ``all``, and ``report`` (Table 1 / Table 2).
+
+Every stage command reads and appends the AWM JSONL files under ``--out`` and can be re-run or
+resumed at any time: finished work is skipped, and cached LLM answers cost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from envfarm.errors import EnvfarmError
+
+app = typer.Typer(help="Synthesize AWM-format environments with any OpenAI-compatible LLM.", no_args_is_help=True)
+
+_STAGE_HELP = {
+    "scenario": "Self-Instruct scenario expansion from seeds (classifier, dedup, category caps).",
+    "task": "k concrete, API-solvable tasks per scenario.",
+    "db": "SQLite schema, executed; accepted when <= 10 % of tables fail.",
+    "sample": "Sample rows inserted in FK order; accepted when <= 10 % of inserts fail.",
+    "spec": "Toolset spec (operation ids, typed params, responses) covering every task.",
+    "env": "FastAPI + SQLAlchemy env code; must load, list tools and answer example calls.",
+    "verifier": "Per-task sql/code verifiers run in the sandbox, then the acceptance gate.",
+    "all": "Every stage, streaming scenarios through them concurrently.",
+}
+
+
+def _parse_pairs(values: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key or not val:
+            raise EnvfarmError(f"{what} must look like KEY=VALUE, got {v!r}")
+        out[key] = val
+    return out
+
+
+def _make_command(stages: tuple[str, ...]) -> Any:
+    def command(
+        out: Path = typer.Option(Path("synth_out"), "--out", "-o", help="run folder of AWM JSONL files"),
+        llm_base_url: str = typer.Option(None, help="OpenAI-compatible base URL [env ENVFARM_LLM_BASE_URL]"),
+        llm_model: str = typer.Option(None, help="default model [env ENVFARM_LLM_MODEL]"),
+        llm_api_key: str = typer.Option(None, help="API key [env ENVFARM_LLM_API_KEY]"),
+        stage_model: list[str] = typer.Option([], help="STAGE=MODEL, repeatable (e.g. env=gpt-5)"),
+        price: list[str] = typer.Option([], help="MODEL=IN/OUT USD per 1M tokens, repeatable"),
+        llm_concurrency: int = typer.Option(32, help="LLM calls in flight"),
+        llm_replay: Path = typer.Option(None, help="serve LLM answers from this recording (offline)"),
+        llm_record: Path = typer.Option(None, help="append every live LLM call to this recording"),
+        cache_dir: Path = typer.Option(None, help="response cache folder [default: OUT/llm_cache]"),
+        no_cache: bool = typer.Option(False, "--no-cache", help="do not cache LLM responses"),
+        seed_file: Path = typer.Option(None, help="seed scenarios JSONL [default: the packaged list]"),
+        target_count: int = typer.Option(10, help="scenarios to synthesize"),
+        tasks_per_scenario: int = typer.Option(10, "--tasks-per-scenario", "-k", help="tasks per scenario"),
+        concurrency: int = typer.Option(8, help="scenarios in flight"),
+        max_attempts: int = typer.Option(5, help="self-correction attempts per stage"),
+        embedder: str = typer.Option("local", help="dedup embeddings: local | endpoint | none"),
+        gate: bool = typer.Option(True, "--gate/--no-gate", help="acceptance gate with reference solutions"),
+        retry_failed: bool = typer.Option(False, help="re-run stages that failed in an earlier run"),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar per stage"),
+    ) -> None:
+        from synth.config import SynthConfig
+        from synth.llm import LLMClient, LLMConfig, Price
+        from synth.pipeline import run_pipeline
+        from synth.report import render_tables
+
+        try:
+            prices = {}
+            for model, spec in _parse_pairs(price, "--price").items():
+                inp, _, outp = spec.partition("/")
+                prices[model] = Price(input_per_mtok=float(inp), output_per_mtok=float(outp or 0))
+            llm_cfg = LLMConfig.from_env(
+                base_url=llm_base_url, model=llm_model, api_key=llm_api_key,
+                stage_models=_parse_pairs(stage_model, "--stage-model") or None,
+                max_concurrency=llm_concurrency, replay_path=llm_replay, record_path=llm_record,
+                cache_dir=None if no_cache else (cache_dir or out / "llm_cache"),
+            )
+            if prices:
+                llm_cfg.prices.update(prices)
+            config = SynthConfig(
+                out_dir=out, seed_file=seed_file, target_count=target_count, tasks_per_scenario=tasks_per_scenario,
+                concurrency=concurrency, max_attempts=max_attempts, embedder=embedder, gate=gate,
+                retry_failed=retry_failed, progress=progress,
+            )
+            llm = LLMClient(llm_cfg)
+
+            async def main() -> Any:
+                async with llm:
+                    return await run_pipeline(config, llm, stages)
+
+            summary = asyncio.run(main())
+        except EnvfarmError as exc:
+            typer.echo(f"error: {exc.message}", err=True)
+            raise typer.Exit(2) from None
+        except ValueError as exc:  # pydantic validation of flags
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(render_tables(out))
+        total = summary.usage.get("total", {})
+        typer.echo(f"\n{summary.envs} envs ({summary.envs_with_solvable_tasks} with solvable tasks) in {out}; "
+                   f"{summary.elapsed_s:.1f} s; LLM calls {total.get('calls', 0)} "
+                   f"({total.get('cached_calls', 0)} cached), cost ${total.get('cost_usd', 0.0):.4f}")
+        for err in summary.errors:
+            typer.echo(f"interrupted: {err}", err=True)
+        if summary.errors:
+            raise typer.Exit(1)
+
+    return command
+
+
+from synth.config import STAGES as _STAGES  # noqa: E402 - after the factory on purpose
+
+for _stage in _STAGES:
+    app.command(_stage, help=_STAGE_HELP[_stage])(_make_command((_stage,)))
+app.command("all", help=_STAGE_HELP["all"])(_make_command(_STAGES))
+
+
+@app.command("report", help="Print Table 1 (per stage) and Table 2 (per env) of a run folder.")
+def report(
+    out: Path = typer.Option(Path("synth_out"), "--out", "-o", help="run folder"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+) -> None:
+    from synth.report import render_tables, report_json
+
+    if not out.is_dir():
+        typer.echo(f"error: {out} is not a run folder", err=True)
+        raise typer.Exit(2)
+    typer.echo(report_json(out) if as_json else render_tables(out))
+
+
+if __name__ == "__main__":
+    app(prog_name="envfarm synth")
+    sys.exit(0)

@@ -1,0 +1,119 @@
+"""Per-stage report records (synth_report.jsonl) and the paper's Table 1 / Table 2."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from synth._jsonl import read_jsonl
+from synth.config import FILES, STAGES
+
+
+class StageReport(BaseModel):
+    """What one stage did for one scenario (or one task): outcome, tries, errors, tokens, cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str = Field(description="stage name (scenario stage records are per candidate)")
+    scenario: str = Field(description="scenario name")
+    task_idx: int | None = Field(None, description="task index for per-task stages")
+    ok: bool = Field(description="accepted")
+    attempts: int = Field(0, description="LLM generations tried")
+    errors: list[str] = Field(default_factory=list, description="why attempts failed (or warnings when ok)")
+    llm_calls: int = Field(0, description="LLM calls, summaries included")
+    prompt_tokens: int = Field(0, description="prompt tokens")
+    completion_tokens: int = Field(0, description="completion tokens")
+    cost_usd: float = Field(0.0, description="cost of the calls")
+    elapsed_s: float = Field(0.0, description="wall time")
+    details: dict[str, Any] = Field(default_factory=dict, description="stage-specific facts")
+
+    def key(self) -> tuple[str, str, int | None]:
+        return (self.stage, self.scenario, self.task_idx)
+
+
+def report_key(rec: dict[str, Any]) -> tuple[str, str, int | None]:
+    """Key of synth_report.jsonl records."""
+    return (rec["stage"], rec["scenario"], rec.get("task_idx"))
+
+
+def table1(out_dir: Path) -> list[dict[str, Any]]:
+    """Per stage: runs, success %, mean tries, tokens, cost (Table 1 of the AWM paper, plus the gate)."""
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in read_jsonl(out_dir / FILES["report"]):
+        rows[rec["stage"]].append(rec)
+    out = []
+    for stage in [*STAGES, "gate"]:
+        recs = rows.get(stage, [])
+        if not recs:
+            continue
+        ok = sum(1 for r in recs if r["ok"])
+        out.append({
+            "stage": stage,
+            "runs": len(recs),
+            "success_pct": 100.0 * ok / len(recs),
+            "mean_tries": sum(r.get("attempts", 0) for r in recs) / len(recs),
+            "tokens": sum(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0) for r in recs),
+            "cost_usd": sum(r.get("cost_usd", 0.0) for r in recs),
+        })
+    return out
+
+
+def table2(out_dir: Path) -> list[dict[str, Any]]:
+    """Per env: tables, sample rows, tools, code lines, solvable tasks, verifier discrimination."""
+    envs = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["env"])}
+    dbs = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["db"])}
+    samples = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["sample"])}
+    tasks = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["task"])}
+    reports = read_jsonl(out_dir / FILES["report"])
+    env_reports = {r["scenario"]: r for r in reports if r["stage"] == "env" and r["ok"]}
+    gates: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in reports:
+        if r["stage"] == "gate":
+            gates[r["scenario"]].append(r)
+    out = []
+    for name, env in envs.items():
+        gated = gates.get(name, [])
+        solvable = sum(1 for g in gated if g["ok"])
+        # Discrimination over the tasks whose verifier got to judge a reference run.
+        judged = [g for g in gated if g.get("details", {}).get("discriminates") is not None]
+        discriminating = sum(1 for g in judged if g["details"]["discriminates"])
+        out.append({
+            "env": name,
+            "tables": len(dbs.get(name, {}).get("db_schema", {}).get("tables", [])),
+            "sample_rows": samples.get(name, {}).get("inserts_count", 0),
+            "tools": env_reports.get(name, {}).get("details", {}).get("tools", 0),
+            "code_lines": len(env["full_code"].splitlines()),
+            "tasks": len(tasks.get(name, {}).get("tasks", [])),
+            "solvable_tasks": solvable,
+            "gated_tasks": len(gated),
+            "discrimination_pct": 100.0 * discriminating / len(judged) if judged else 0.0,
+        })
+    return out
+
+
+def render_tables(out_dir: Path) -> str:
+    """Both tables as plain text (what ``envfarm synth report`` prints)."""
+    t1, t2 = table1(out_dir), table2(out_dir)
+    lines = ["Table 1 - per stage", f"{'stage':<10} {'runs':>5} {'success%':>9} {'tries':>6} {'tokens':>10} {'cost $':>9}"]
+    for r in t1:
+        lines.append(f"{r['stage']:<10} {r['runs']:>5} {r['success_pct']:>9.1f} {r['mean_tries']:>6.2f} "
+                     f"{r['tokens']:>10} {r['cost_usd']:>9.4f}")
+    lines += ["", "Table 2 - per environment",
+              f"{'env':<28} {'tables':>6} {'rows':>5} {'tools':>5} {'lines':>6} {'solvable':>9} {'discrim%':>9}"]
+    for r in t2:
+        lines.append(f"{r['env']:<28} {r['tables']:>6} {r['sample_rows']:>5} {r['tools']:>5} {r['code_lines']:>6} "
+                     f"{r['solvable_tasks']:>4}/{r['tasks']:<4} {r['discrimination_pct']:>9.1f}")
+    if t2:
+        n = len(t2)
+        lines.append(f"{'mean':<28} {sum(r['tables'] for r in t2) / n:>6.1f} {sum(r['sample_rows'] for r in t2) / n:>5.0f} "
+                     f"{sum(r['tools'] for r in t2) / n:>5.1f} {sum(r['code_lines'] for r in t2) / n:>6.0f}")
+    return "\n".join(lines)
+
+
+def report_json(out_dir: Path) -> str:
+    """Both tables as JSON."""
+    return json.dumps({"table1": table1(out_dir), "table2": table2(out_dir)}, indent=2)

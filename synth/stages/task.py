@@ -1,0 +1,42 @@
+"""Stage 2: k concrete, API-solvable tasks per scenario."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from synth import prompts
+from synth._context import Meter, RunContext
+from synth._correct import Outcome, self_correct
+from synth._parse import ParseError, extract_json
+
+
+async def run_task(ctx: RunContext, scenario: dict[str, Any]) -> bool:
+    name, k = scenario["name"], ctx.config.tasks_per_scenario
+    meter = Meter()
+
+    async def evaluate(text: str) -> Outcome:
+        try:
+            tasks = extract_json(text).get("tasks")
+        except ParseError as exc:
+            return Outcome(ok=False, errors=[str(exc)])
+        if not isinstance(tasks, list):
+            return Outcome(ok=False, errors=['"tasks" must be a list of strings'])
+        tasks = [t.strip() for t in tasks if isinstance(t, str) and t.strip()]
+        errors = []
+        if len(tasks) != k:
+            errors.append(f"expected exactly {k} tasks, got {len(tasks)}")
+        if len(set(tasks)) != len(tasks):
+            errors.append("tasks must be distinct")
+        short = [t for t in tasks if len(t) < 20]
+        if short:
+            errors.append(f"tasks too short to carry concrete parameters: {short[:3]}")
+        return Outcome(ok=not errors, value=tasks[:k], errors=errors, score=-len(errors))
+
+    loop = await self_correct(ctx, meter, stage="task", scenario=name,
+                              messages=prompts.task_messages(name, scenario.get("description", ""), k),
+                              evaluate=evaluate, executable=False)
+    if loop.accepted:
+        ctx.stores.task.append_once({"scenario": name, "tasks": loop.best.value})
+    ctx.record(meter.report(stage="task", scenario=name, ok=loop.accepted, attempts=loop.attempts,
+                            errors=[] if loop.accepted else loop.last_errors))
+    return loop.accepted
