@@ -10,13 +10,15 @@ on before/after; a task is *solvable* when the solution passes and a no-op does 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 
 from envfarm.errors import EnvLoadError
 from envfarm.models import EnvBundle, ToolCall, ToolSpec
-from envfarm.runtime import EnvRuntime, Instance
+from envfarm.runtime import EnvRuntime
 
 
 class TaskCheck(BaseModel):
@@ -26,6 +28,9 @@ class TaskCheck(BaseModel):
     solvable: bool = Field(description="Reference solution passes and a no-op does not.")
     solution_result: str | None = Field(None, description="Verifier 'result' after the solution.")
     noop_result: str | None = Field(None, description="Verifier 'result' after a no-op.")
+    calls_failed: bool = Field(False, description="A call of the reference solution failed.")
+    evaluated: bool = Field(False, description="The verifier got to judge both episodes.")
+    calls: list[dict[str, Any]] = Field(default_factory=list, description="Each call and outcome.")
     problems: list[str] = Field(default_factory=list)
 
 
@@ -84,74 +89,111 @@ async def check_env(bundle: EnvBundle, sandbox: Any = None, *, probe: bool = Fal
 
 
 async def check_task(runtime: EnvRuntime, idx: int, sandbox: Any) -> TaskCheck:
-    bundle = runtime.bundle
-    check = TaskCheck(task_idx=idx, solvable=False)
-    verifier = bundle.code_verifiers.get(idx)
+    """Check one task of the runtime's bundle with its reference solution."""
+    verifier = runtime.bundle.code_verifiers.get(idx)
     if verifier is None:
-        check.problems.append("no code-mode verifier")
+        return TaskCheck(task_idx=idx, solvable=False, problems=["no code-mode verifier"])
+    return await check_solution(runtime, verifier.code, runtime.bundle.solutions.get(idx, []),
+                                sandbox, task_idx=idx)
+
+
+async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[ToolCall],
+                         sandbox: Any, *, task_idx: int = -1) -> TaskCheck:
+    """Run ``calls`` on a fresh instance (stopping at the first failure), then the code-mode
+    verifier on (initial, final) and on a no-op (initial, initial)."""
+    check = TaskCheck(task_idx=task_idx, solvable=False)
+    if not calls:
+        check.calls_failed = True
+        check.problems.append("the reference solution has no tool calls")
         return check
     inst = runtime.instance()
     try:
-        failures = await run_solution(inst, bundle.solutions.get(idx, []))
-        check.problems += failures
+        for step, call in enumerate(calls):
+            res = await inst.call(call.tool, call.arguments)
+            check.calls.append({"tool": call.tool, "arguments": call.arguments, "ok": res.ok,
+                                "result": res.result if res.ok else res.error.model_dump()})
+            if not res.ok:
+                check.calls_failed = True
+                check.problems.append(f"solution step {step} {call.tool}"
+                                      f"({json.dumps(call.arguments, default=str)}) failed: "
+                                      f"{res.error.message}")
+                return check
         final = inst.snapshot()
     finally:
         inst.close()
     initial = runtime.template.data
-    after = await sandbox.run(verifier.code, initial, final)
-    noop = await sandbox.run(verifier.code, initial, initial)
-    for label, res in (("after the reference solution", after), ("after a no-op", noop)):
-        if not res.ok:
-            check.problems.append(f"verifier failed {label}: {res.error}")
-    check.solution_result = _result(after)
-    check.noop_result = _result(noop)
-    if after.ok and check.solution_result != "complete":
-        check.problems.append(f"reference solution does not pass (verifier says "
-                              f"{check.solution_result!r})")
-    if noop.ok and check.noop_result == "complete":
-        check.problems.append("a no-op episode passes the verifier")
-    check.solvable = (not failures and check.solution_result == "complete"
-                      and noop.ok and check.noop_result != "complete")
+    after, noop = await asyncio.gather(sandbox.run(verifier_code, initial, final, mode="code"),
+                                       sandbox.run(verifier_code, initial, initial, mode="code"))
+    check.evaluated = True
+    check.solution_result, check.noop_result = _result(after), _result(noop)
+    if not after.ok:
+        check.problems.append(f"verifier failed after the reference solution: {after.error}")
+    elif check.solution_result != "complete":
+        check.problems.append(f"verifier says {after.result!r} after the reference solution ran "
+                              "without errors")
+    if not noop.ok:
+        check.problems.append(f"verifier failed on a no-op episode: {noop.error}")
+    elif check.noop_result == "complete":
+        check.problems.append(f"verifier says {noop.result!r} for a no-op episode")
+    check.solvable = (check.solution_result == "complete" and noop.ok
+                      and check.noop_result != "complete")
     return check
-
-
-async def run_solution(inst: Instance, calls: list[ToolCall]) -> list[str]:
-    """Apply tool calls in order; returns a problem per failed call."""
-    problems = []
-    for step, call in enumerate(calls):
-        res = await inst.call(call.tool, call.arguments)
-        if not res.ok:
-            problems.append(f"solution step {step} ({call.tool}) failed: {res.error.message}")
-    return problems
 
 
 async def probe_tools(runtime: EnvRuntime) -> list[str]:
     """Call every tool once with example arguments on a fresh instance; env errors are problems."""
+    endpoints = spec_endpoints(runtime.bundle.api_spec)
     problems = []
-    for tool in runtime.tools:
-        inst = runtime.instance()
-        try:
-            res = await inst.call(tool.name, example_arguments(tool))
-        finally:
-            inst.close()
-        if not res.ok and res.error.kind == "env_error":
-            problems.append(f"tool {tool.name} fails on example arguments: {res.error.message}")
+    inst = runtime.instance()
+    try:
+        for tool in runtime.tools:
+            inst.reset()
+            res = await inst.call(tool.name, example_arguments(tool, endpoints.get(tool.name)))
+            if not res.ok and res.error.kind == "env_error":
+                problems.append(f"tool {tool.name} fails on example arguments: "
+                                f"{res.error.message}")
+    finally:
+        inst.close()
     return problems
 
 
-def example_arguments(tool: ToolSpec) -> dict[str, Any]:
-    """Schema-valid arguments for the required parameters (examples and defaults first)."""
+def spec_endpoints(api_spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """operation_id -> endpoint of an AWM api_spec."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in (api_spec or {}).get("api_groups", []):
+        for ep in group.get("endpoints", []):
+            if isinstance(ep, dict) and isinstance(ep.get("operation_id"), str):
+                out[ep["operation_id"]] = ep
+    return out
+
+
+def example_arguments(tool: ToolSpec, endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Schema-valid arguments: the AWM spec's examples where they fit, then the schema's own
+    examples/defaults, then type-based placeholders, for the required parameters."""
     schema = tool.input_schema
-    props = schema.get("properties", {})
-    return {name: _example(props.get(name, {}), schema.get("$defs", {}))
-            for name in schema.get("required", [])}
+    props: dict[str, Any] = schema.get("properties", {})
+    args: dict[str, Any] = {}
+    for name, param in ((endpoint or {}).get("request_params") or {}).items():
+        if name in props and isinstance(param, dict) and "example" in param:
+            args[name] = param["example"]
+    for name in schema.get("required", []):
+        if name not in args and name in props:
+            args[name] = _example(props[name], schema.get("$defs", {}))
+    try:  # replace spec examples that do not fit the real schema
+        for err in list(jsonschema.Draft202012Validator(schema).iter_errors(args)):
+            key = err.path[0] if err.path else None
+            if isinstance(key, str) and key in props:
+                args[key] = _example(props[key], schema.get("$defs", {}))
+    except jsonschema.exceptions.SchemaError:
+        pass
+    return args
 
 
 def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
     if "$ref" in schema:
         schema = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
     for key in ("example", "default"):
-        if key in schema:
+        if schema.get(key) is not None:
             return schema[key]
     if schema.get("examples"):
         return schema["examples"][0]
@@ -169,14 +211,8 @@ def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:
 
 
 def _string_example(schema: dict[str, Any]) -> str:
-    fmt = schema.get("format")
-    if fmt == "date-time":
-        return "2025-01-01T00:00:00"
-    if fmt == "date":
-        return "2025-01-01"
-    if fmt == "email":
-        return "user@example.com"
-    return "example"
+    return {"date-time": "2025-01-01T00:00:00", "date": "2025-01-01",
+            "email": "user@example.com"}.get(schema.get("format"), "example")
 
 
 def _result(res: Any) -> str | None:

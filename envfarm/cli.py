@@ -5,12 +5,14 @@ from __future__ import annotations
 import typer
 
 from envfarm import cli_envs
+from judge.cli import judge_command
 from synth.cli import app as synth_app
 
 app = typer.Typer(help="envfarm: synthesize, serve and verify tool-use environments for RL.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(cli_envs.app, name="envs")
 app.add_typer(synth_app, name="synth")
+app.command("judge")(judge_command)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from envfarm import EnvBundle, EnvRuntime
+from envfarm.check import example_arguments, spec_endpoints
 from envfarm.errors import EnvfarmError
-from envfarm.models import DBSchema, SampleData, ToolSpec
+from envfarm.models import DBSchema, SampleData
 
 
 def make_bundle(name: str, *, db: dict[str, Any] | None, sample: dict[str, Any] | None,
@@ -35,56 +34,6 @@ def load_runtime(bundle: EnvBundle, timeout_s: float) -> tuple[EnvRuntime | None
         return None, f"env does not load: {type(exc).__name__}: {exc}"
 
 
-def spec_endpoints(api_spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """operation_id -> endpoint of an AWM api_spec."""
-    out: dict[str, dict[str, Any]] = {}
-    for g in (api_spec or {}).get("api_groups", []):
-        for ep in g.get("endpoints", []):
-            if isinstance(ep.get("operation_id"), str):
-                out[ep["operation_id"]] = ep
-    return out
-
-
-def example_args(tool: ToolSpec, endpoint: dict[str, Any] | None) -> dict[str, Any]:
-    """Schema-valid arguments: the spec's examples where they fit, schema defaults otherwise."""
-    schema = tool.input_schema
-    props: dict[str, Any] = schema.get("properties", {})
-    args: dict[str, Any] = {}
-    for name, p in ((endpoint or {}).get("request_params") or {}).items():
-        if name in props and isinstance(p, dict) and "example" in p:
-            args[name] = p["example"]
-    for name in schema.get("required", []):
-        if name not in args and name in props:
-            args[name] = _value_for(props[name], schema)
-    try:
-        validator = jsonschema.Draft202012Validator(schema)
-        for err in list(validator.iter_errors(args)):
-            key = err.path[0] if err.path else None
-            if isinstance(key, str) and key in props:
-                args[key] = _value_for(props[key], schema)
-    except jsonschema.exceptions.SchemaError:
-        pass
-    return args
-
-
-def _value_for(prop: dict[str, Any], root: dict[str, Any]) -> Any:
-    if "$ref" in prop:
-        target = prop["$ref"].rsplit("/", 1)[-1]
-        prop = root.get("$defs", {}).get(target, {})
-    if "default" in prop and prop["default"] is not None:
-        return prop["default"]
-    if "enum" in prop:
-        return prop["enum"][0]
-    for alt in prop.get("anyOf", []) + prop.get("oneOf", []):
-        if alt.get("type") != "null":
-            return _value_for(alt, root)
-    kind = prop.get("type")
-    fmt = prop.get("format")
-    if kind == "string":
-        return {"date-time": "2025-01-01T00:00:00", "date": "2025-01-01", "email": "user@example.com"}.get(fmt, "example")
-    return {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(kind, "example")
-
-
 @dataclass
 class ProbeReport:
     """What probing an env found."""
@@ -107,7 +56,7 @@ async def probe(runtime: EnvRuntime, api_spec: dict[str, Any] | None) -> ProbeRe
     inst = runtime.instance()
     try:
         for name, tool in tools.items():
-            args = example_args(tool, endpoints.get(name))
+            args = example_arguments(tool, endpoints.get(name))
             inst.reset()
             res = await inst.call(name, args)
             report.calls.append({"tool": name, "arguments": args, "ok": res.ok, "status": res.status})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm import EnvRuntime
+from envfarm.check import check_solution
 from envfarm.models import ToolCall
 from synth import prompts
 from synth._context import Meter, RunContext
@@ -182,39 +183,14 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
 
 
 async def _check(ctx: RunContext, runtime: EnvRuntime, code: str, solution: list[ToolCall]) -> GateCheck:
-    check = GateCheck()
-    if not solution:
-        check.calls_failed = True
-        check.reason = "the reference solution has no tool calls"
-        return check
-    inst = runtime.instance()
-    try:
-        for n, call in enumerate(solution):
-            res = await inst.call(call.tool, call.arguments)
-            check.calls.append({"tool": call.tool, "arguments": call.arguments, "ok": res.ok,
-                                "result": res.result if res.ok else res.error.model_dump() if res.error else None})
-            if not res.ok:
-                check.calls_failed = True
-                msg = res.error.message if res.error else "failed"
-                check.reason = f"call {n} {call.tool}({json.dumps(call.arguments)}) failed: {msg}"
-                return check
-        initial, final = inst.initial_snapshot(), inst.snapshot()
-    finally:
-        inst.close()
-    sandbox = ctx.get_sandbox()
-    check.evaluated = True
-    after, noop = await asyncio.gather(sandbox.run(code, initial, final, mode="code"),
-                                       sandbox.run(code, initial, initial, mode="code"))
-    check.solvable = after.ok and after.code_result == "complete"
-    check.discriminates = noop.ok and noop.code_result != "complete"
-    if not after.ok:
-        check.reason = f"verifier failed after the reference solution: {after.error}"
-    elif not check.solvable:
-        check.reason = f"verifier says {after.result!r} after the reference solution ran without errors"
-    elif not check.discriminates:
-        check.reason = (f"verifier says {noop.result!r} for a no-op episode" if noop.ok
-                        else f"verifier failed on a no-op episode: {noop.error}")
-    return check
+    """The conformance checker's verdict on one (verifier, reference solution) pair."""
+    tc = await check_solution(runtime, code, solution, ctx.get_sandbox())
+    return GateCheck(
+        solvable=tc.solution_result == "complete",
+        discriminates=tc.evaluated and tc.noop_result is not None and tc.noop_result != "complete",
+        evaluated=tc.evaluated, calls_failed=tc.calls_failed,
+        reason="; ".join(tc.problems), calls=tc.calls,
+    )
 
 
 def _parse_solution(text: str) -> list[ToolCall]:

@@ -1,0 +1,250 @@
+"""Judge benchmarks: sandboxed verifier throughput, and 1,024 LLM judgments with 200 ms latency.
+
+    .venv/bin/python benchmarks/bench_judge.py sandbox      # verifications/s vs in-process exec
+    .venv/bin/python benchmarks/bench_judge.py inprocess    # Judge.judge_many, no Ray
+    unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_judge.py serve'
+                                                            # Serve deployment, batched vs not
+
+Data: the real AWM e_commerce_33 verifiers and a database built from the AWM samples (needs
+../shared/awm1k_samples). Prints one JSON object per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT.parent / "shared" / "awm1k_samples"
+sys.path.insert(0, str(ROOT))
+
+from judge import (
+    Judge,
+    JudgeConfig,
+    JudgeRequest,
+    VerifierCode,
+    VerifierSandbox,
+    parse_raw_response,
+)
+
+SCENARIO = "e_commerce_33"
+
+
+def _record(name: str) -> dict[str, Any]:
+    for line in (SAMPLES / name).read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("scenario") == SCENARIO:
+            return rec
+    raise LookupError(name)
+
+
+def _db(statements: list[str] = ()) -> bytes:
+    conn = sqlite3.connect(":memory:")
+    for table in _record("gen_db.jsonl")["db_schema"]["tables"]:
+        conn.execute(table["ddl"])
+    for table in _record("gen_sample.jsonl")["sample_data"]["tables"]:
+        for stmt in table["insert_statements"]:
+            conn.execute(stmt)
+    for stmt in statements:
+        conn.execute(stmt)
+    conn.commit()
+    return conn.serialize()
+
+
+def _verifiers(name: str) -> list[dict[str, Any]]:
+    return [json.loads(x)["verification"] for x in (SAMPLES / name).read_text().splitlines()]
+
+
+def emit(**fields: Any) -> None:
+    fields["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(fields), flush=True)
+
+
+# -- 1. sandbox throughput -----------------------------------------------------------------
+
+async def bench_sandbox(n: int, workers: int) -> None:
+    initial = _db()
+    final = _db(["INSERT INTO cart_items (cart_id, product_offer_id, quantity) VALUES (1, 8, 1)"])
+    codes = [v["code"] for v in _verifiers("gen_verifier.pure_code.jsonl")]
+    async with VerifierSandbox(workers=workers) as sandbox:
+        warm = await asyncio.gather(*(sandbox.run(c, initial, final) for c in codes * workers))
+        assert all(r.ok for r in warm), [r.error for r in warm]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(sandbox.run(codes[i % 3], initial, final)
+                                         for i in range(n)))
+        wall = time.perf_counter() - t0
+    assert all(r.ok for r in results)
+    emit(bench="sandbox", workers=workers, calls=n, wall_s=round(wall, 3),
+         calls_per_s=round(n / wall, 1), ms_per_call_wall=round(wall / n * 1e3, 3),
+         ms_per_call_inside=round(sum(r.elapsed_s for r in results) / n * 1e3, 3))
+
+    # The baseline AWM uses: exec of the source in this process, once per call.
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ipath, fpath = f"{folder}/i.db", f"{folder}/f.db"
+    Path(ipath).write_bytes(initial)
+    Path(fpath).write_bytes(final)
+    m = max(100, n // 4)
+    t0 = time.perf_counter()
+    for i in range(m):
+        ns: dict[str, Any] = {}
+        exec(codes[i % 3], ns)  # noqa: S102 - the unsafe baseline we are measuring against
+        ns["verify_task_completion"](ipath, fpath)
+    per_exec = (time.perf_counter() - t0) / m
+    compiled = [compile(c, "<verifier>", "exec") for c in codes]
+    t0 = time.perf_counter()
+    for i in range(m):
+        ns = {}
+        exec(compiled[i % 3], ns)  # noqa: S102
+        ns["verify_task_completion"](ipath, fpath)
+    per_compiled = (time.perf_counter() - t0) / m
+    for p in (ipath, fpath):
+        os.unlink(p)
+    os.rmdir(folder)
+    emit(bench="in_process_exec", calls=m, ms_per_call_exec_source=round(per_exec * 1e3, 3),
+         ms_per_call_precompiled=round(per_compiled * 1e3, 3))
+
+
+# -- 2/3. LLM judgments ---------------------------------------------------------------------
+
+def _judge_requests(n: int, folder: Path) -> list[dict[str, Any]]:
+    sql = _verifiers("gen_verifier.jsonl")[0]
+    (folder / "initial.db").write_bytes(_db())
+    (folder / "final.db").write_bytes(_db(
+        ["INSERT INTO cart_items (cart_id, product_offer_id, quantity) VALUES (1, 1, 1)"]))
+    req = JudgeRequest(task="Add the top-rated wireless noise cancelling headphones under $200.",
+                       verifier=VerifierCode(code=sql["code"], raw_response=sql["raw_response"]),
+                       initial_db=str(folder / "initial.db"), final_db=str(folder / "final.db"))
+    base = req.model_dump(mode="json", exclude_none=True)
+    return [{**base, "id": str(i)} for i in range(n)]
+
+
+class _Mock:
+    """benchmarks/judge_mock_server.py in a child process."""
+
+    def __init__(self, latency: float) -> None:
+        script = Path(__file__).with_name("judge_mock_server.py")
+        self.proc = subprocess.Popen([sys.executable, str(script), str(latency)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()  # type: ignore[union-attr]
+        if not self.url:
+            raise RuntimeError("mock endpoint did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _mock(latency: float) -> _Mock:
+    return _Mock(latency)
+
+
+def _llm(mock_url: str) -> dict[str, Any]:
+    return {"base_url": mock_url, "model": "judge-mock", "max_concurrency": 256,
+            "max_retries": 2, "timeout_s": 30}
+
+
+async def bench_inprocess(n: int, latency: float) -> None:
+    from synth.llm import LLMClient, LLMConfig
+
+    mock = _mock(latency)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            reqs = [JudgeRequest.model_validate(r) for r in _judge_requests(n, Path(tmp))]
+            client = LLMClient(LLMConfig(**_llm(mock.url)))
+            async with Judge(JudgeConfig(use_llm="always"), llm_client=client) as judge:
+                await judge.judge_many(reqs[:4])
+                t0 = time.perf_counter()
+                verdicts = await judge.judge_many(reqs)
+                wall = time.perf_counter() - t0
+                # The LLM stage alone: one verifier output, n classifications in flight.
+                first = reqs[0]
+                vr = await judge.sandbox.run(first.verifier.code, first.initial_db,
+                                             first.final_db)
+                criteria = parse_raw_response(first.verifier.raw_response)
+                t0 = time.perf_counter()
+                staged = await asyncio.gather(*(judge.llm.classify(r.task, vr, criteria)
+                                                for r in reqs))
+                llm_wall = time.perf_counter() - t0
+        assert all(v.reward == 1.0 for v in verdicts), verdicts[0]
+        assert all(v.reward == 1.0 for v in staged), staged[0]
+        emit(bench="judge_inprocess", judgments=n, llm_latency_s=latency,
+             wall_s_full_pipeline=round(wall, 3), wall_s_llm_stage_only=round(llm_wall, 3),
+             llm_max_concurrency=256, sequential_would_take_s=round(n * latency, 1))
+    finally:
+        mock.stop()
+
+
+def _in_private_netns() -> bool:
+    # A namespace made by `unshare --net` has nothing but the loopback interface.
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+async def bench_serve(n: int, latency: float) -> None:
+    if not _in_private_netns():
+        sys.exit("refusing to start Ray outside a private network namespace; run:\n"
+                 "  unshare --net sh -c 'ip link set lo up && exec "
+                 f"{sys.executable} {__file__} serve'")
+    warnings.simplefilter("ignore")
+    import ray
+    from ray import serve
+
+    from judge.service import JudgeServiceConfig, judge_app
+
+    mock = _mock(latency)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            reqs = _judge_requests(n, Path(tmp))
+            for label, batch in (("batched", 64), ("unbatched", 1)):
+                config = JudgeServiceConfig(judge=JudgeConfig(use_llm="always"),
+                                            llm=_llm(mock.url), max_batch_size=batch,
+                                            batch_wait_timeout_s=0.01)
+                handle = serve.run(judge_app(config), name=f"judge_{label}",
+                                   route_prefix=f"/{label}")
+                await asyncio.gather(*(handle.judge.remote(r) for r in reqs[:8]))
+                t0 = time.perf_counter()
+                verdicts = await asyncio.gather(*(handle.judge.remote(r) for r in reqs))
+                wall = time.perf_counter() - t0
+                stats = await handle.stats.remote()
+                assert all(v.reward == 1.0 for v in verdicts)
+                emit(bench=f"judge_serve_{label}", judgments=n, llm_latency_s=latency,
+                     wall_s=round(wall, 3), max_batch_size=batch, batches=stats["batches"],
+                     largest_batch=stats["max_batch"])
+                serve.delete(f"judge_{label}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        mock.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["sandbox", "inprocess", "serve", "all"])
+    parser.add_argument("--calls", type=int, default=2000, help="sandbox calls")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers")
+    parser.add_argument("--judgments", type=int, default=1024)
+    parser.add_argument("--latency", type=float, default=0.2, help="mock LLM latency (s)")
+    args = parser.parse_args()
+    if args.what in ("sandbox", "all"):
+        asyncio.run(bench_sandbox(args.calls, args.workers))
+    if args.what in ("inprocess", "all"):
+        asyncio.run(bench_inprocess(args.judgments, args.latency))
+    if args.what == "serve":
+        asyncio.run(bench_serve(args.judgments, args.latency))
+
+
+if __name__ == "__main__":
+    main()

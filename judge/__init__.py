@@ -1,0 +1,55 @@
+"""envfarm's judge: sandboxed verifier execution, format rules, rewards and the LLM judge.
+
+    from judge import VerifierSandbox, Judge, reward_for, check_format
+"""
+
+from judge._verifier_code import Criteria, VerifierSpec, detect, parse_raw_response
+from judge.core import (
+    Judge,
+    JudgeConfig,
+    JudgeRequest,
+    JudgeResponse,
+    VerifierCode,
+    code_only_verdict,
+)
+from judge.format_rules import FormatReport, FormatRule, check_format
+from judge.llm_judge import LLMJudge, LLMVerdict, ParseError, parse_answer
+from judge.rewards import REWARDS, Outcome, Verdict, reward_for
+from judge.sandbox import (
+    SandboxConfig,
+    VerifierErrorKind,
+    VerifierResult,
+    VerifierSandbox,
+)
+from judge.trajectory import Message, ToolSchema, Trajectory
+
+__all__ = [
+    "REWARDS",
+    "Criteria",
+    "FormatReport",
+    "FormatRule",
+    "Judge",
+    "JudgeConfig",
+    "JudgeRequest",
+    "JudgeResponse",
+    "LLMJudge",
+    "LLMVerdict",
+    "Message",
+    "Outcome",
+    "ParseError",
+    "SandboxConfig",
+    "ToolSchema",
+    "Trajectory",
+    "Verdict",
+    "VerifierCode",
+    "VerifierErrorKind",
+    "VerifierResult",
+    "VerifierSandbox",
+    "VerifierSpec",
+    "check_format",
+    "code_only_verdict",
+    "detect",
+    "parse_answer",
+    "parse_raw_response",
+    "reward_for",
+]

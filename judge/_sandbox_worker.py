@@ -1,0 +1,332 @@
+"""One sandbox worker process: runs untrusted verifier code, one request at a time.
+
+Started by ``judge._sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``;
+it imports only the standard library so it never loads the project (nor its secrets).
+
+Layers, outermost first (the parent adds: separate process, no environment variables, an
+unprivileged uid when it runs as root, a private network namespace when it can, wall-clock kill):
+
+1. rlimits: address space, file size 0 (no file can grow), open files, no core dumps, no new
+   processes; a per-call CPU-time limit (SIGXCPU kills the worker).
+2. A PEP 578 audit hook, installed after the allowed modules are preloaded and impossible to
+   remove from Python: it refuses sockets, subprocesses, os.* calls, writes, reads outside the
+   Python installation, new imports outside the allowlist, ctypes, gc/frame introspection, and
+   SQLite connections to anything but the two read-only copies.
+3. The verifier's builtins: no open/exec/eval/compile/input, an ``__import__`` that only hands
+   out allowlisted modules, and a ``sqlite3`` whose ``connect`` opens the copies read-only and
+   immutable with ATTACH (and so ``VACUUM INTO``) disabled.
+
+Python-level restrictions can be escaped by a determined attacker (``__subclasses__`` tricks);
+the audit hook and the OS layers are what hold then. Any violation is reported and the parent
+replaces the worker.
+
+Wire format on fds 0/1: 4-byte big-endian length, then a UTF-8 JSON object.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import types
+
+#: Modules verifier code may import (top-level names).
+ALLOWED_IMPORTS = frozenset({
+    "sqlite3", "json", "re", "datetime", "math", "collections", "itertools", "functools",
+    "statistics", "decimal", "fractions", "typing", "dataclasses", "enum", "string", "time",
+    "calendar", "copy", "operator", "heapq", "bisect", "hashlib", "difflib", "textwrap",
+    "unicodedata", "numbers", "random", "__future__", "abc", "contextlib", "pprint",
+})
+# Loaded lazily by allowed modules (strptime, codecs); preloaded too, allowed as a backstop.
+_LAZY_OK = frozenset({"_strptime", "encodings", "locale"})
+
+_DENIED_PREFIXES = (
+    "os.", "socket.", "subprocess.", "shutil.", "ctypes.", "_ctypes", "gc.", "sys._getframe",
+    "sys._current_frames", "sys.setprofile", "sys.settrace", "sys.addaudithook", "sys.remote_exec",
+    "code.__new__", "function.__new__", "marshal.", "pickle.", "object.__getattr__",
+    "object.__setattr__", "object.__delattr__", "sqlite3.enable_load_extension",
+    "sqlite3.load_extension", "resource.prlimit", "_thread.start_new_thread", "fcntl.",
+    "mmap.", "syslog.", "webbrowser.", "urllib.", "http.", "ftplib.", "smtplib.", "imaplib.",
+    "poplib.", "nntplib.", "telnetlib.", "builtins.input", "pty.", "tempfile.", "glob.",
+    "posixsubprocess", "signal.", "winreg.", "msvcrt.", "_winapi.", "ensurepip.",
+    "cpython.remove_audit_hook",
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+class SandboxViolation(BaseException):
+    """Raised by the audit hook; a BaseException so ``except Exception`` does not hide it."""
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(fd: int) -> dict:
+    size = int.from_bytes(_read_exact(fd, 4), "big")
+    return json.loads(_read_exact(fd, size))
+
+
+def _send(fd: int, msg: dict) -> None:
+    data = json.dumps(msg).encode()
+    data = len(data).to_bytes(4, "big") + data
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _CallState:
+    """What the hook and the sqlite3 shim need to know about the call in progress."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
+
+    def violate(self, what: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(what)
+        raise SandboxViolation(what)
+
+
+def _cpu_used() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _make_hook(state: _CallState, read_roots: tuple[str, ...], max_cpu_s: float):
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
+            if writing:
+                state.violate(f"writing a file ({path!r})")
+            if isinstance(path, (str, bytes)):
+                p = os.fsdecode(path)
+                if not p.startswith(read_roots):
+                    state.violate(f"reading a file outside the sandbox ({p!r})")
+            return
+        if event == "import":
+            top = str(args[0]).split(".")[0]
+            if top not in ALLOWED_IMPORTS and top not in _LAZY_OK:
+                state.violate(f"forbidden import {args[0]}")
+            return
+        if event == "sqlite3.connect":
+            db = os.fspath(args[0]) if args[0] is not None else ""
+            if db not in (":memory:", "") and db not in state.db_uris.values():
+                state.violate(f"sqlite3.connect to {db!r}")
+            return
+        if event == "resource.setrlimit":
+            # Only the per-call CPU window may move, and never beyond one call's budget.
+            which, limits = args
+            soft = limits[0]
+            if which != resource.RLIMIT_CPU or soft < 0 or soft > _cpu_used() + max_cpu_s + 2:
+                state.violate("resource.setrlimit")
+            return
+        if event.startswith(_DENIED_PREFIXES):
+            if event.startswith("object.__") and len(args) >= 2:
+                state.violate(f"{event} ({type(args[0]).__name__}.{args[1]})")
+            state.violate(event)
+
+    return hook
+
+
+def _safe_builtins(state: _CallState) -> dict:
+    safe = dict(builtins.__dict__)
+    for name in ("open", "exec", "eval", "compile", "input", "breakpoint", "help", "exit",
+                 "quit", "copyright", "credits", "license", "__loader__", "__spec__"):
+        safe.pop(name, None)
+    real_import = builtins.__import__
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        top = name.split(".")[0]
+        if level != 0 or top not in ALLOWED_IMPORTS:
+            state.violations.append(f"forbidden import {name}")
+            raise ImportError(f"forbidden import {name}")
+        module = real_import(name, globals, locals, fromlist, level)
+        if top == "sqlite3":
+            return _sqlite_shim(state)
+        # A private copy: `json.dumps = None` in one verifier must not break the next one.
+        clone = types.ModuleType(module.__name__)
+        clone.__dict__.update(module.__dict__)
+        return clone
+
+    def quiet_print(*args, **kwargs):  # verifier output would corrupt nothing, but is noise
+        return None
+
+    safe["__import__"] = guarded_import
+    safe["print"] = quiet_print
+    return safe
+
+
+def _sqlite_shim(state: _CallState) -> types.ModuleType:
+    import sqlite3
+
+    shim = types.ModuleType("sqlite3")
+    shim.__dict__.update(sqlite3.__dict__)
+    shim.dbapi2 = shim
+
+    def connect(database, *args, **kwargs):
+        target = os.fspath(database)
+        if isinstance(target, bytes):
+            target = os.fsdecode(target)
+        if target.startswith("file:"):
+            target = target[5:].split("?", 1)[0]
+            while target.startswith("//"):
+                target = target[1:]
+        if target in (":memory:", ""):
+            return sqlite3.connect(target, *args, **kwargs)
+        uri = state.db_uris.get(os.path.normpath(target))
+        if uri is None:
+            state.violate(f"sqlite3.connect to {database!r}")
+        kwargs["uri"] = True
+        conn = sqlite3.connect(uri, *args, **kwargs)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # also blocks VACUUM INTO
+        return conn
+
+    shim.connect = connect
+    return shim
+
+
+def _describe(exc: BaseException) -> str:
+    msg = str(exc)
+    if len(msg) > 500:
+        msg = msg[:500] + "…"
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _run_one(req: dict, state: _CallState, builtins_: dict, cache: dict, max_result: int) -> dict:
+    state.violations.clear()
+    state.db_uris = {
+        os.path.normpath(path): uri for path, uri in ((req["initial"], req["initial_uri"]),
+                                                      (req["final"], req["final_uri"]))
+    }
+    key = req["key"]
+    compiled = cache.get(key)
+    if compiled is None:
+        try:
+            compiled = compile(req["code"], "<verifier>", "exec")
+        except SyntaxError as exc:
+            return {"ok": False, "kind": "syntax", "error": f"syntax error: {exc}"}
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = compiled
+
+    glb = {"__builtins__": builtins_, "__name__": "verifier"}
+    resource.setrlimit(resource.RLIMIT_CPU, (int(_cpu_used() + req["cpu_s"]) + 1,
+                                             resource.RLIM_INFINITY))
+    try:
+        exec(compiled, glb)  # noqa: S102 - running it, fenced, is this process's only job
+        fn = glb.get(req["func"])
+        if not callable(fn):
+            return {"ok": False, "kind": "no_function",
+                    "error": f"verifier code defines no function {req['func']!r}"}
+        # fn.__code__ is off limits under the audit hook; the parent read the signature.
+        if req["mode"] == "code" and req.get("takes_answer", True):
+            result = fn(req["initial"], req["final"], req.get("final_answer"))
+        else:
+            result = fn(req["initial"], req["final"])
+    except SandboxViolation as exc:
+        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {exc}", "recycle": True}
+    except MemoryError:
+        return {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)",
+                "recycle": True}
+    except RecursionError as exc:
+        return {"ok": False, "kind": "raised", "error": f"raised {_describe(exc)}",
+                "recycle": True}
+    except BaseException as exc:  # noqa: BLE001 - any failure of the verifier is its verdict
+        if state.violations:
+            return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}",
+                    "recycle": True}
+        return {"ok": False, "kind": "raised", "error": f"raised {_describe(exc)}"}
+    if state.violations:
+        # The verifier swallowed the refusal; it still tried.
+        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}",
+                "recycle": True}
+    if not isinstance(result, dict):
+        return {"ok": False, "kind": "bad_return",
+                "error": f"non-JSON return: expected a dict, got {type(result).__name__}"}
+    try:
+        text = json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return {"ok": False, "kind": "bad_return", "error": f"non-JSON return: {_describe(exc)}"}
+    if len(text) > max_result:
+        return {"ok": False, "kind": "bad_return",
+                "error": f"non-JSON return: result too large ({len(text)} bytes)"}
+    if req["mode"] == "code" and "result" not in result:
+        return {"ok": False, "kind": "bad_return",
+                "error": "non-JSON return: code-mode verifier returned no 'result' key"}
+    return {"ok": True, "result_json": text}
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    # Keep the protocol on private fds; anything written to 0/1 by a verifier goes nowhere.
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    os.chdir("/")
+
+    for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
+        __import__(name)
+    time.strptime("2024-01-01", "%Y-%m-%d")  # warms _strptime's lazy state
+    "x".encode("latin-1").decode("ascii")
+
+    mem = int(config["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write that grows a file fails, not kills
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uid = config.get("uid")
+    if uid is not None and os.geteuid() == 0:
+        # Everything is loaded: from here on the worker cannot write files it does not own.
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    read_roots = tuple(os.path.join(os.path.realpath(p), "") for p in sys.path if p) + tuple(
+        os.path.join(p, "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    )
+    state = _CallState()
+    sys.addaudithook(_make_hook(state, read_roots, float(config["max_cpu_s"])))
+    builtins_ = _safe_builtins(state)
+    cache: dict = {}
+    max_result = int(config["max_result_bytes"])
+
+    _send(proto_out, {"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            req = _recv(proto_in)
+        except EOFError:
+            return
+        t0 = time.perf_counter()
+        try:
+            reply = _run_one(req, state, builtins_, cache, max_result)
+        except MemoryError:  # e.g. serializing a huge result
+            reply = {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)",
+                     "recycle": True}
+        except BaseException as exc:  # noqa: BLE001 - report, and let the parent replace us
+            reply = {"ok": False, "kind": "crashed", "error": f"worker failure: {_describe(exc)}",
+                     "recycle": True}
+        reply["worker_s"] = time.perf_counter() - t0
+        _send(proto_out, reply)
+
+
+if __name__ == "__main__":
+    main()

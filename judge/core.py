@@ -1,0 +1,234 @@
+"""The judge, in process: format rules → sandboxed verifier → (LLM judge) → verdict + reward.
+
+    async with Judge.from_env() as judge:          # code-only unless an LLM endpoint is set
+        verdict = await judge.verify(code, initial_db, final_db, trajectory=traj)
+        verdicts = await judge.judge_many([JudgeRequest(...), ...])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+
+from envfarm.errors import LLMError
+from judge._verifier_code import Criteria, Mode, parse_raw_response
+from judge.format_rules import check_format
+from judge.llm_judge import LLMJudge
+from judge.rewards import Outcome, Verdict
+from judge.sandbox import DbInput, SandboxConfig, VerifierResult, VerifierSandbox
+from judge.trajectory import Trajectory
+
+
+def _from_b64(value: Any) -> Any:
+    if isinstance(value, str):
+        return base64.b64decode(value, validate=True)
+    return value
+
+
+#: Raw bytes in Python, base64 text on the wire.
+DbBytes = Annotated[bytes, BeforeValidator(_from_b64),
+                    PlainSerializer(lambda b: base64.b64encode(b).decode(), return_type=str,
+                                    when_used="json")]
+
+#: Code-mode ``result`` values and what they mean (AWM writes "complete" / "others").
+_CODE_RESULTS: dict[str, Outcome] = {
+    "complete": Outcome.completed,
+    "completed": Outcome.completed,
+    "success": Outcome.completed,
+    "partial": Outcome.partially_completed,
+    "partially_complete": Outcome.partially_completed,
+    "partially_completed": Outcome.partially_completed,
+}
+
+
+class VerifierCode(BaseModel):
+    """A task's verifier as AWM stores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: str = Field(description="Python source defining the verifier function")
+    raw_response: str | None = Field(default=None,
+                                     description="AWM's raw_response: function name, criteria")
+    mode: Mode | None = Field(default=None, description="code / sql; None = detect")
+    function_name: str | None = Field(default=None, description="override the detected name")
+
+
+class JudgeRequest(BaseModel):
+    """One episode to judge (the ``POST /judge`` body and a line of ``envfarm judge`` input)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, description="caller's id, echoed in the answer")
+    task: str | None = Field(default=None, description="the task (default: trajectory.task)")
+    trajectory: Trajectory | None = Field(default=None, description="the agent's episode")
+    verifier: VerifierCode | None = Field(default=None, description="the task's verifier")
+    initial_db: str | None = Field(default=None, description="path of the initial database")
+    final_db: str | None = Field(default=None, description="path of the final database")
+    initial_db_b64: DbBytes | None = Field(default=None,
+                                           description="the initial database (base64 in JSON)")
+    final_db_b64: DbBytes | None = Field(default=None,
+                                         description="the final database (base64 in JSON)")
+    final_answer: str | None = Field(default=None,
+                                     description="the agent's answer (default: from trajectory)")
+    scenario: str | None = Field(default=None, description="AWM scenario name")
+    task_idx: int | None = Field(default=None, description="task index in the scenario")
+
+    @model_validator(mode="after")
+    def _has_task(self) -> JudgeRequest:
+        if self.task is None and self.trajectory is None:
+            raise ValueError("a request needs `task` or `trajectory`")
+        return self
+
+    def databases(self) -> tuple[DbInput | None, DbInput | None]:
+        return (self.initial_db_b64 if self.initial_db_b64 is not None else self.initial_db,
+                self.final_db_b64 if self.final_db_b64 is not None else self.final_db)
+
+
+class JudgeResponse(BaseModel):
+    """One answer of ``POST /judge`` and one line of ``envfarm judge`` output."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, description="the request's id")
+    verdict: Verdict = Field(description="outcome, reward, validity and why")
+
+
+class JudgeConfig(BaseModel):
+    """How the judge decides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    use_llm: Literal["auto", "always", "never"] = Field(
+        default="auto", description="auto: the LLM judges when an endpoint is configured")
+    check_format: bool = Field(default=True, description="apply the six format rules first")
+    repair_attempts: int = Field(default=1, ge=0, description="re-asks for an unparseable answer")
+    max_chars: int = Field(default=24_000, ge=1000, description="prompt budget per section")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig,
+                                   description="verifier sandbox limits")
+
+
+def code_only_verdict(vr: VerifierResult) -> Verdict:
+    """Decide from a verifier alone: code mode decides, sql mode needs the LLM."""
+    if vr.mode == "sql":
+        return Verdict.of(Outcome.invalid, "judge_error: sql-mode verifier output needs the LLM "
+                          "judge, and none is configured", error_kind="judge_error",
+                          details={"judge": "code", "verifier": vr.result})
+    value = str(vr.code_result or "").strip().lower()
+    outcome = _CODE_RESULTS.get(value, Outcome.agent_error)
+    return Verdict.of(outcome, f"code verifier returned {value or 'no result'!r}",
+                      details={"judge": "code", "verifier": vr.result})
+
+
+def _internal_error(exc: BaseException) -> Verdict:
+    # A bug of ours must not sink a whole batch, nor turn into a reward.
+    if isinstance(exc, asyncio.CancelledError):
+        raise exc
+    return Verdict.of(Outcome.invalid, f"judge_error: {type(exc).__name__}: {exc}",
+                      error_kind="judge_error")
+
+
+class Judge:
+    """Judges episodes in process; the Serve deployment wraps one of these."""
+
+    def __init__(self, config: JudgeConfig | None = None, *, llm_client: Any = None,
+                 sandbox: VerifierSandbox | None = None) -> None:
+        self.config = config or JudgeConfig()
+        if self.config.use_llm == "always" and llm_client is None:
+            raise LLMError("the judge is set to always use an LLM, and none is configured")
+        if self.config.use_llm == "never":
+            llm_client = None
+        self._llm_client = llm_client
+        self.llm = (LLMJudge(llm_client, repair_attempts=self.config.repair_attempts,
+                             max_chars=self.config.max_chars) if llm_client else None)
+        self._own_sandbox = sandbox is None
+        self.sandbox = sandbox or VerifierSandbox(**self.config.sandbox.model_dump())
+
+    @classmethod
+    def from_env(cls, config: JudgeConfig | None = None, **llm_overrides: Any) -> Judge:
+        """An LLM judge when ``ENVFARM_LLM_BASE_URL`` (or an override) names an endpoint."""
+        from synth.llm import ENV_BASE_URL, LLMClient, LLMConfig
+
+        config = config or JudgeConfig()
+        client = None
+        if config.use_llm != "never" and (llm_overrides.get("base_url")
+                                          or os.environ.get(ENV_BASE_URL)):
+            llm_overrides.setdefault("max_concurrency", 256)
+            client = LLMClient(LLMConfig.from_env(**llm_overrides))
+        return cls(config, llm_client=client)
+
+    @property
+    def mode(self) -> str:
+        return "llm" if self.llm else "code"
+
+    async def verify(self, code: str | VerifierCode | None, initial_db: DbInput | None,
+                     final_db: DbInput | None, *, task: str | None = None,
+                     trajectory: Trajectory | None = None, final_answer: str | None = None,
+                     raw_response: str | None = None, scenario: str | None = None) -> Verdict:
+        """Judge one episode from its parts (paths or bytes for the databases)."""
+        verifier = VerifierCode(code=code, raw_response=raw_response) if isinstance(
+            code, str) else code
+        task = task if task is not None else (trajectory.task if trajectory else "")
+        if final_answer is None and trajectory is not None:
+            final_answer = trajectory.answer()
+        if trajectory is not None and self.config.check_format:
+            forced = check_format(trajectory).to_verdict()
+            if forced is not None:
+                return forced
+        if verifier is None:
+            return Verdict.of(Outcome.invalid, "verifier_error: the task has no verifier",
+                              error_kind="verifier_error")
+        if initial_db is None or final_db is None:
+            return Verdict.of(Outcome.invalid, "verifier_error: both databases are needed",
+                              error_kind="verifier_error")
+        vr = await self.sandbox.run(verifier.code, initial_db, final_db, final_answer,
+                                    verifier.mode, function_name=verifier.function_name,
+                                    raw_response=verifier.raw_response)
+        if not vr.ok:
+            return Verdict.of(Outcome.invalid, f"verifier_error: {vr.error}",
+                              error_kind="verifier_error",
+                              details={"verifier_error": vr.error,
+                                       "verifier_error_kind": vr.error_kind, "mode": vr.mode})
+        if self.llm is None:
+            return code_only_verdict(vr)
+        criteria: Criteria = parse_raw_response(verifier.raw_response)
+        return await self.llm.classify(task, vr, criteria, trajectory, final_answer,
+                                       scenario=scenario)
+
+    async def judge(self, request: JudgeRequest) -> Verdict:
+        initial, final = request.databases()
+        return await self.verify(request.verifier, initial, final, task=request.task,
+                                 trajectory=request.trajectory, final_answer=request.final_answer,
+                                 scenario=request.scenario)
+
+    async def judge_many(self, requests: list[JudgeRequest]) -> list[Verdict]:
+        """All at once: verifier runs share the pool, LLM calls overlap up to its limit."""
+        results = await asyncio.gather(*(self.judge(r) for r in requests), return_exceptions=True)
+        return [r if isinstance(r, Verdict) else _internal_error(r) for r in results]
+
+    async def aclose(self) -> None:
+        if self._own_sandbox:
+            await asyncio.get_running_loop().run_in_executor(None, self.sandbox.close)
+        if self._llm_client is not None and hasattr(self._llm_client, "aclose"):
+            await self._llm_client.aclose()
+
+    def close(self) -> None:
+        """Close the sandbox (the LLM client's connections close with the loop)."""
+        if self._own_sandbox:
+            self.sandbox.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

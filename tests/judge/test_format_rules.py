@@ -1,0 +1,123 @@
+"""One trajectory per format rule, each breaking exactly that rule, plus a clean one."""
+
+from __future__ import annotations
+
+import json
+
+from judge import FormatRule, Outcome, check_format
+
+
+def test_clean_trajectory_passes(good_traj):
+    report = check_format(good_traj.build())
+    assert report.ok and report.rule is None and report.to_verdict() is None
+
+
+def test_rule1_missing_reasoning(traj):
+    t = traj("task").list_tools()
+    t.say('<tool_call>{"name": "call_tool", "arguments": {"tool_name": "search_products", '
+          '"arguments": "{\\"query\\": \\"x\\"}"}}</tool_call>')
+    t.tool({"ok": True, "result": []}).final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.reasoning
+    assert (report.step, report.turn) == (4, 1)
+    verdict = report.to_verdict()
+    assert verdict.outcome is Outcome.format_error and verdict.reward == -1.0
+
+
+def test_rule1_empty_think_counts_as_missing(traj):
+    t = traj("task").list_tools().say("<think>   </think>\nAll done.")
+    assert check_format(t.build()).rule is FormatRule.reasoning
+
+
+def test_rule2_unknown_tool(traj):
+    t = traj("task").list_tools().use("delete_everything", {}).final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.known_tool and "delete_everything" in report.message
+    assert report.step == 4
+
+
+def test_rule3_arguments_not_json(traj):
+    t = traj("task").list_tools()
+    t.call("call_tool", {"tool_name": "search_products", "arguments": "{query: x"})
+    t.tool({"ok": True, "result": []}).final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.valid_arguments and "not valid JSON" in report.message
+
+
+def test_rule3_arguments_fail_the_schema(traj):
+    t = traj("task").list_tools().use("add_item_to_cart",
+                                      {"product_offer_id": "one", "quantity": 1}).final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.valid_arguments
+    assert "product_offer_id" in report.message
+
+
+def test_rule3_malformed_tool_call_block(traj):
+    t = traj("task").list_tools().say("<think>go</think><tool_call>{not json</tool_call>")
+    assert check_format(t.build()).rule is FormatRule.valid_arguments
+
+
+def test_rule4_list_tools_not_first(traj):
+    t = traj("task").use("search_products", {"query": "x"}, [])
+    t.list_tools().final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.list_tools_first and report.turn == 0
+
+
+def test_rule4_list_tools_twice(traj):
+    t = traj("task").list_tools().use("search_products", {"query": "x"}, []).list_tools().final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.list_tools_first and report.turn == 2
+
+
+def test_rule4_never_listed(traj):
+    assert check_format(traj("task").final().build()).rule is FormatRule.list_tools_first
+
+
+def test_rule5_no_successful_call(traj):
+    t = (traj("task").list_tools().use("search_products", {"query": "x"}, ok=False)
+         .use("search_products", {"query": "y"}, ok=False).final())
+    report = check_format(t.build())
+    assert report.rule is FormatRule.successful_call
+    assert report.step == len(t.messages) - 1
+
+
+def test_rule5_does_not_apply_to_two_turns(traj):
+    assert check_format(traj("task").list_tools().final("I cannot help.").build()).ok
+
+
+def test_rule6_server_error_is_an_environment_error(traj):
+    t = (traj("task").list_tools()
+         .use("search_products", {"query": "x"}, ok=False, kind="env_error").final())
+    report = check_format(t.build())
+    assert report.rule is FormatRule.environment_error and report.step == 5
+    verdict = report.to_verdict()
+    assert verdict.outcome is Outcome.environment_error
+    assert verdict.reward is None and verdict.valid is False
+
+
+def test_first_violation_wins(traj):
+    # the unknown tool comes before the missing reasoning: that is what is reported
+    t = traj("task").list_tools().use("nope", {}).say("no reasoning here")
+    assert check_format(t.build()).rule is FormatRule.known_tool
+
+
+def test_list_tools_schemas_fall_back_to_trajectory_tools(traj, shop_tools):
+    t = traj("task")
+    t.call("list_tools", {})
+    t.tool({"ok": True, "result": ["search_products", "add_item_to_cart"]})  # names only
+    t.use("add_item_to_cart", {"product_offer_id": 1}).final()  # quantity is missing
+    assert check_format(t.build()).ok  # no schema known: only names are checked
+    with_schemas = t.build().model_copy(update={"tools": shop_tools})
+    report = check_format(with_schemas)
+    assert report.rule is FormatRule.valid_arguments and "quantity" in report.message
+
+
+def test_reasoning_content_and_open_think_count(traj):
+    t = traj("task")
+    body = json.dumps({"name": "list_tools", "arguments": {}})
+    t.messages.append({"role": "assistant", "content": f"<tool_call>{body}</tool_call>",
+                       "reasoning_content": "Let me look."})
+    t.tool({"ok": True, "result": []})
+    t.say("I looked around first.</think>\nNothing to do.")  # template-opened <think>
+    assert check_format(t.build()).ok
