@@ -24,7 +24,6 @@ from judge.sandbox import (
 from judge.trajectory import Message, ToolSchema, Trajectory
 
 __all__ = [
-    "REWARDS",
     "Criteria",
     "FormatReport",
     "FormatRule",
@@ -37,6 +36,7 @@ __all__ = [
     "Message",
     "Outcome",
     "ParseError",
+    "REWARDS",
     "SandboxConfig",
     "ToolSchema",
     "Trajectory",
