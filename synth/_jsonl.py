@@ -86,6 +86,27 @@ class JsonlStore:
             self._records[key] = record
         return True
 
+    def replace(self, record: dict[str, Any]) -> None:
+        """Replace (or add) the record of its key by rewriting the whole file atomically:
+        write a temp file, fsync, ``os.replace``, fsync the folder. A kill leaves the old file
+        or the new one, never a mix."""
+        key = self.key(record)
+        with self._lock:
+            self._records[key] = record
+            data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                           for r in self._records.values()).encode()
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
 
 def by_scenario(rec: dict[str, Any]) -> Hashable:
     """Key of per-scenario files."""

@@ -156,8 +156,31 @@ def summarize_messages(stage: str, errors: list[str], excerpt: str, extra: str =
         f"This generated {stage} output failed when executed.\nErrors:\n{errs}\n\n"
         f"Output (excerpt):\n{excerpt[:6000]}\n{extra}\n"
         "Explain the root cause, quote the problem code, and give concrete guidance for the fix.\n"
-        'Answer with JSON: {"root_cause": "...", "problem_code": "...", "guidance": "..."'
-        + (', "fix_target": "solution" | "verifier"' if stage == "gate" else "") + "}"
+        + (GATE_TARGETS if stage == "gate" else "")
+        + 'Answer with JSON: {"root_cause": "...", "problem_code": "...", "guidance": "..."'
+        + (', "fix_target": "solution" | "verifier" | "data"' if stage == "gate" else "") + "}"
+    )
+
+
+# Kept free of the words the scripted test summaries key on.
+GATE_TARGETS = (
+    "Say where the fix belongs (fix_target): \"solution\" when the tool calls are wrong; \"verifier\" when "
+    "the verifier judges a correct run wrongly; \"data\" when the task needs a row or entity that the "
+    "initial database lacks (e.g. a call fails with 404 / not found because the record does not exist).\n"
+)
+
+
+def data_repair_messages(name: str, task: str, ddl: str, sample: str, failure: str) -> list[dict[str, Any]]:
+    return _msgs(
+        "Task: SAMPLE DATA REPAIR.\n"
+        f"Application: {name}\nSchema:\n{ddl}\n\nInitial data (excerpt):\n{sample}\n\n"
+        f"Task that must be solvable on this data: {task}\n\nWhy it is not:\n{failure}\n\n"
+        "Write the ADDITIONAL INSERT statements the initial database needs so that the task can be carried "
+        "out (every entity the task names must exist, with explicit ids that do not clash with existing "
+        "rows). Only INSERTs, one statement each; do not change or repeat existing rows; respect foreign "
+        "keys (parents first) and give a value for every listed column. Add as few rows as the task needs.\n"
+        'Answer with JSON: {"tables": [{"table_name": "<table>", "reasoning": "<why these rows>", '
+        '"insert_statements": ["INSERT INTO ...;"]}]}'
     )
 
 

@@ -41,12 +41,13 @@ def report_key(rec: dict[str, Any]) -> tuple[str, str, int | None]:
 
 
 def table1(out_dir: Path) -> list[dict[str, Any]]:
-    """Per stage: runs, success %, mean tries, tokens, cost (Table 1 of the AWM paper, plus the gate)."""
+    """Per stage: runs, success %, mean tries, tokens, cost (Table 1 of the AWM paper, plus the gate
+    and its sample-data repairs: one ``data_repair`` run per task that asked for rows, ok = committed)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in read_jsonl(out_dir / FILES["report"]):
         rows[rec["stage"]].append(rec)
     out = []
-    for stage in [*STAGES, "gate"]:
+    for stage in [*STAGES, "gate", "data_repair"]:
         recs = rows.get(stage, [])
         if not recs:
             continue
@@ -71,9 +72,12 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
     reports = read_jsonl(out_dir / FILES["report"])
     env_reports = {r["scenario"]: r for r in reports if r["stage"] == "env" and r["ok"]}
     gates: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    added: dict[str, int] = defaultdict(int)
     for r in reports:
         if r["stage"] == "gate":
             gates[r["scenario"]].append(r)
+        elif r["stage"] == "data_repair" and r["ok"]:
+            added[r["scenario"]] += int(r.get("details", {}).get("rows_added", 0))
     out = []
     for name, env in envs.items():
         gated = gates.get(name, [])
@@ -85,6 +89,7 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
             "env": name,
             "tables": len(dbs.get(name, {}).get("db_schema", {}).get("tables", [])),
             "sample_rows": samples.get(name, {}).get("inserts_count", 0),
+            "rows_added_by_gate": added.get(name, 0),
             "tools": env_reports.get(name, {}).get("details", {}).get("tools", 0),
             "code_lines": len(env["full_code"].splitlines()),
             "tasks": len(tasks.get(name, {}).get("tasks", [])),
@@ -98,19 +103,21 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
 def render_tables(out_dir: Path) -> str:
     """Both tables as plain text (what ``envfarm synth report`` prints)."""
     t1, t2 = table1(out_dir), table2(out_dir)
-    lines = ["Table 1 - per stage", f"{'stage':<10} {'runs':>5} {'success%':>9} {'tries':>6} {'tokens':>10} {'cost $':>9}"]
+    lines = ["Table 1 - per stage", f"{'stage':<11} {'runs':>5} {'success%':>9} {'tries':>6} {'tokens':>10} {'cost $':>9}"]
     for r in t1:
-        lines.append(f"{r['stage']:<10} {r['runs']:>5} {r['success_pct']:>9.1f} {r['mean_tries']:>6.2f} "
+        lines.append(f"{r['stage']:<11} {r['runs']:>5} {r['success_pct']:>9.1f} {r['mean_tries']:>6.2f} "
                      f"{r['tokens']:>10} {r['cost_usd']:>9.4f}")
     lines += ["", "Table 2 - per environment",
-              f"{'env':<28} {'tables':>6} {'rows':>5} {'tools':>5} {'lines':>6} {'solvable':>9} {'discrim%':>9}"]
+              f"{'env':<28} {'tables':>6} {'rows':>5} {'+rows':>5} {'tools':>5} {'lines':>6} {'solvable':>9} {'discrim%':>9}"]
     for r in t2:
-        lines.append(f"{r['env']:<28} {r['tables']:>6} {r['sample_rows']:>5} {r['tools']:>5} {r['code_lines']:>6} "
+        lines.append(f"{r['env']:<28} {r['tables']:>6} {r['sample_rows']:>5} {r['rows_added_by_gate']:>5} "
+                     f"{r['tools']:>5} {r['code_lines']:>6} "
                      f"{r['solvable_tasks']:>4}/{r['tasks']:<4} {r['discrimination_pct']:>9.1f}")
     if t2:
         n = len(t2)
-        lines.append(f"{'mean':<28} {sum(r['tables'] for r in t2) / n:>6.1f} {sum(r['sample_rows'] for r in t2) / n:>5.0f} "
-                     f"{sum(r['tools'] for r in t2) / n:>5.1f} {sum(r['code_lines'] for r in t2) / n:>6.0f}")
+        mean = {k: sum(r[k] for r in t2) / n for k in ("tables", "sample_rows", "rows_added_by_gate", "tools", "code_lines")}
+        lines.append(f"{'mean':<28} {mean['tables']:>6.1f} {mean['sample_rows']:>5.0f} {mean['rows_added_by_gate']:>5.1f} "
+                     f"{mean['tools']:>5.1f} {mean['code_lines']:>6.0f}")
     return "\n".join(lines)
 
 

@@ -2,8 +2,12 @@
 
 The gate (beyond AWM) asks for a reference solution, runs it on a fresh instance, and accepts the
 task only if the code-mode verifier says "complete" after it and not after a no-op. Otherwise it
-repairs the solution or the verifier (the LLM's error summary picks which) within the budget, or
-drops the task with its reasons. Only accepted tasks get verifier and solution records.
+repairs the solution, the verifier or the sample data (the LLM's error summary picks which) within
+the budget, or drops the task with its reasons. Only accepted tasks get verifier and solution records.
+
+A data repair asks for extra INSERTs, runs them for real on the current data, rebuilds the env on
+it and re-checks the task; the rows are committed only when the task passes and every task of the
+scenario accepted so far still passes on them (persistence: see ``synth.stages.sample``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ from synth._correct import LoopResult, Outcome, self_correct, summarize
 from synth._parse import ParseError, extract_json
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
+from synth.stages.sample import (
+    effective_sample,
+    finalize_sample,
+    merge_tables,
+    patch_store,
+    patches,
+    run_extra_inserts,
+)
+
+#: LLM tries per data repair to get INSERTs that run (each gate attempt may ask for one repair).
+DATA_ATTEMPTS = 2
 
 
 @dataclass
@@ -34,10 +49,12 @@ class GateCheck:
     calls_failed: bool = False
     reason: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
+    data_rejected: bool = False  # the task's extra rows do not go in, or break accepted tasks
+    data_commit: dict[str, Any] | None = None  # the repair this acceptance committed
 
     @property
     def ok(self) -> bool:
-        return self.solvable and self.discriminates
+        return self.solvable and self.discriminates and not self.data_rejected
 
 
 def task_done(ctx: RunContext, name: str, idx: int) -> bool:
@@ -53,8 +70,10 @@ async def run_verifier(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     tasks: list[str] = st.task.get(name)["tasks"]
     todo = [i for i in range(len(tasks)) if not task_done(ctx, name, i)]
     if not todo:
+        finalize_sample(ctx, name)  # a kill may have come between the last repair and the rewrite
         return any(st.report.get(("gate", name, i), {}).get("ok") for i in range(len(tasks)))
-    db, sample, spec, env = st.db.get(name), st.sample.get(name), st.spec.get(name), st.env.get(name)
+    db, spec, env = st.db.get(name), st.spec.get(name), st.env.get(name)
+    sample = effective_sample(ctx, name)  # repairs of an interrupted run count already
     bundle = make_bundle(name, db=db, sample=sample, spec=spec, code=env["full_code"], tasks=tasks)
     runtime, err = await asyncio.to_thread(load_runtime, bundle, ctx.config.tool_timeout_s)
     if runtime is None:
@@ -62,26 +81,59 @@ async def run_verifier(ctx: RunContext, scenario: dict[str, Any]) -> bool:
             ctx.record(Meter().report(stage="gate", scenario=name, task_idx=i, ok=False, errors=[err or "env does not load"]))
         return False
     shared = _Shared(
-        name=name,
-        ddl=ddl_text(db["db_schema"]["tables"]),
-        sample=_sample_excerpt(sample),
+        name=name, ddl=ddl_text(db["db_schema"]["tables"]),
         tools=json.dumps([t.model_dump() for t in runtime.tools], indent=None)[:12000],
-        initial=runtime.template.data,
+        db=db, spec=spec, code=env["full_code"], tasks=tasks, sample=sample, runtime=runtime,
+        accepted=_accepted_before(ctx, name, len(tasks)),
     )
-    results = await asyncio.gather(*(_one_task(ctx, runtime, shared, i, tasks[i]) for i in todo))
+    try:
+        results = await asyncio.gather(*(_one_task(ctx, shared, i, tasks[i]) for i in todo))
+    finally:
+        finalize_sample(ctx, name)
     return any(results) or any(st.report.get(("gate", name, i), {}).get("ok") for i in range(len(tasks)))
 
 
 @dataclass
 class _Shared:
+    """What the tasks of one scenario share. The committed data (``sample``, ``runtime``) and the
+    accepted tasks change together, under ``lock``: every gate check runs under it too, so a task is
+    accepted on exactly the data that gets persisted."""
+
     name: str
     ddl: str
-    sample: str
     tools: str
-    initial: bytes
+    db: dict[str, Any]
+    spec: dict[str, Any]
+    code: str
+    tasks: list[str]
+    sample: dict[str, Any]
+    runtime: EnvRuntime
+    accepted: dict[int, tuple[str, list[ToolCall]]]  # task -> (code verifier, reference solution)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def initial(self) -> bytes:
+        return self.runtime.template.data
+
+    def excerpt(self, extra: list[dict[str, Any]] | None = None) -> str:
+        text = _sample_excerpt(self.sample)
+        if extra:
+            text += "\n-- rows added for this task:\n" + "\n".join(s for t in extra for s in t["insert_statements"])
+        return text
 
 
-async def _one_task(ctx: RunContext, runtime: EnvRuntime, sh: _Shared, idx: int, task: str) -> bool:
+def _accepted_before(ctx: RunContext, name: str, n: int) -> dict[int, tuple[str, list[ToolCall]]]:
+    """Tasks an earlier run accepted (with a reference solution): new data must keep them solvable."""
+    st = ctx.stores
+    out = {}
+    for i in range(n):
+        rec, ver, sol = st.report.get(("gate", name, i)), st.code_verifier.get((name, i)), st.solution.get((name, i))
+        if rec and rec["ok"] and ver and sol:
+            out[i] = (ver["verification"]["code"], [ToolCall.model_validate(c) for c in sol["solution"]])
+    return out
+
+
+async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
     cfg = ctx.config
     vmeter = Meter()
     vloop = await _gen_verifier(ctx, vmeter, sh, idx, task, feedback=None)
@@ -97,31 +149,45 @@ async def _one_task(ctx: RunContext, runtime: EnvRuntime, sh: _Shared, idx: int,
         _write_verifiers(ctx, sh.name, idx, task, verifier)
         ctx.record(Meter().report(stage="gate", scenario=sh.name, task_idx=idx, ok=True, details={"skipped": True}))
         return True
-    gmeter = Meter()
+    gmeter, dmeter = Meter(), Meter()
     reasons: list[str] = []
+    data_errors: list[str] = []
+    data_tries = 0
     sol_feedback: str | None = None
     check = GateCheck()
+    solution: list[ToolCall] | None = None
+    extra: list[dict[str, Any]] | None = None  # rows this task asked for, not committed yet
     for attempt in range(1, cfg.gate_attempts + 1):
-        messages = prompts.solution_messages(sh.name, task, sh.tools, sh.sample)
-        if sol_feedback:
-            messages = [*messages, {"role": "user", "content": sol_feedback}]
-        text = await ctx.chat(gmeter, messages, stage="gate", scenario=sh.name, temperature=cfg.fix_temperature)
-        try:
-            solution = _parse_solution(text)
-        except ParseError as exc:
-            reasons.append(f"attempt {attempt}: unusable solution: {exc}")
-            sol_feedback = prompts.retry_message("solution", attempt, f"- {exc}")
-            continue
-        check = await _check(ctx, runtime, verifier["code"], solution)
+        if solution is None:
+            messages = prompts.solution_messages(sh.name, task, sh.tools, sh.excerpt(extra))
+            if sol_feedback:
+                messages = [*messages, {"role": "user", "content": sol_feedback}]
+            text = await ctx.chat(gmeter, messages, stage="gate", scenario=sh.name, temperature=cfg.fix_temperature)
+            try:
+                solution = _parse_solution(text)
+            except ParseError as exc:
+                reasons.append(f"attempt {attempt}: unusable solution: {exc}")
+                sol_feedback = prompts.retry_message("solution", attempt, f"- {exc}")
+                continue
+        check = await _gate_check(ctx, sh, idx, task, verifier, solution, extra)
         if check.ok:
-            _write_verifiers(ctx, sh.name, idx, task, verifier)
-            ctx.stores.solution.append_once({"scenario": sh.name, "task_idx": idx,
-                                             "solution": [c.model_dump() for c in solution]})
+            details: dict[str, Any] = {"solvable": True, "discriminates": True, "solution_calls": len(solution)}
+            # An interrupted run may have committed this task's rows and died before reporting them.
+            commit = check.data_commit or next((p for p in reversed(patches(ctx, sh.name)) if p["task_idx"] == idx), None)
+            if data_tries or commit:
+                commit = commit or {}
+                details["data_rows_added"] = commit.get("rows", 0)
+                ctx.record(dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=bool(commit),
+                                         attempts=data_tries, errors=data_errors,
+                                         details={"rows_added": commit.get("rows", 0), "seq": commit.get("seq"),
+                                                  "rechecked_tasks": commit.get("rechecked", [])}))
             ctx.record(gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=True, attempts=attempt,
-                                     errors=reasons, details={"solvable": True, "discriminates": True,
-                                                              "solution_calls": len(solution)}))
+                                     errors=reasons, details=details))
             return True
         reasons.append(f"attempt {attempt}: {check.reason}")
+        if check.data_rejected:
+            data_errors.append(f"attempt {attempt}: {check.reason}")
+            extra = None
         if attempt == cfg.gate_attempts:
             break  # no repair left to inform
         summary = await summarize(
@@ -132,19 +198,114 @@ async def _one_task(ctx: RunContext, runtime: EnvRuntime, sh: _Shared, idx: int,
         )
         target = summary.get("fix_target") or ("solution" if check.calls_failed else "verifier")
         feedback = prompts.format_summary(summary) + f"\n\nWhat happened: {check.reason}"
-        if target == "verifier" and not check.calls_failed:
+        if target == "data":
+            rows = await _gen_rows(ctx, dmeter, sh, task, feedback, extra)
+            data_tries += rows.attempts
+            data_errors += [f"attempt {attempt}: rows rejected: {'; '.join(e[:3])}" for e in rows.history if e]
+            if rows.accepted:
+                extra = rows.best.value  # re-check the same solution on the new rows next
+                continue
+            why = "; ".join(rows.last_errors[:3]) or "no usable rows"
+            reasons.append(f"attempt {attempt}: data repair rejected: {why}")
+            solution, sol_feedback = None, prompts.retry_message("solution", attempt, feedback)
+        elif target == "verifier" and not check.calls_failed:
             vfix = await _gen_verifier(ctx, gmeter, sh, idx, task, feedback=feedback)
             if vfix.accepted:
                 verifier = vfix.best.value
-            sol_feedback = None
+            solution, sol_feedback = None, None
         else:
-            sol_feedback = prompts.retry_message("solution", attempt, feedback)
+            solution, sol_feedback = None, prompts.retry_message("solution", attempt, feedback)
+    if data_tries:
+        ctx.record(dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=False, attempts=data_tries,
+                                 errors=data_errors or ["the rows did not make the task solvable"],
+                                 details={"rows_added": 0}))
     ctx.record(gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=False, attempts=cfg.gate_attempts,
                              errors=reasons or ["gate budget spent"],
                              details={"solvable": check.solvable,
                                       "discriminates": check.discriminates if check.evaluated else None,
                                       "dropped": True}))
     return False
+
+
+async def _gate_check(ctx: RunContext, sh: _Shared, idx: int, task: str, verifier: dict[str, Any],
+                      solution: list[ToolCall], extra: list[dict[str, Any]] | None) -> GateCheck:
+    """Check a task on the committed data (plus its own ``extra`` rows); accept it if it passes.
+
+    Extra rows are committed only if every task accepted so far still passes on them.
+    """
+    async with sh.lock:
+        runtime, rows = sh.runtime, 0
+        if extra:
+            runtime, rows, why = await _candidate(ctx, sh, extra)
+            if runtime is None:
+                return GateCheck(reason=why, data_rejected=True)
+        check = await _check(ctx, runtime, verifier["code"], solution)
+        if not check.ok:
+            return check
+        if extra:
+            broken = []
+            for i, (code, sol) in sorted(sh.accepted.items()):
+                again = await _check(ctx, runtime, code, sol)
+                if not again.ok:
+                    broken.append(f"task {i} ({sh.tasks[i][:80]!r}): {again.reason}")
+            if broken:
+                return GateCheck(reason="the added rows break accepted tasks: " + "; ".join(broken),
+                                 data_rejected=True, evaluated=True, calls=check.calls)
+            seq = max((int(p["seq"]) for p in patches(ctx, sh.name)), default=-1) + 1
+            commit = {"scenario": sh.name, "seq": seq, "task_idx": idx, "task": task, "rows": rows,
+                      "rechecked": sorted(sh.accepted), "tables": extra}
+            patch_store(ctx).append_once(commit)  # the commit point (see synth.stages.sample)
+            sh.sample, sh.runtime = effective_sample(ctx, sh.name), runtime
+            check.data_commit = commit
+        sh.accepted[idx] = (verifier["code"], solution)
+        _write_verifiers(ctx, sh.name, idx, task, verifier)
+        ctx.stores.solution.append_once({"scenario": sh.name, "task_idx": idx,
+                                         "solution": [c.model_dump() for c in solution]})
+        return check
+
+
+async def _candidate(ctx: RunContext, sh: _Shared,
+                     extra: list[dict[str, Any]]) -> tuple[EnvRuntime | None, int, str]:
+    """The env on the committed data plus ``extra``: ``(runtime, rows added, "")`` or ``(None, 0, why)``."""
+    run = await asyncio.to_thread(run_extra_inserts, sh.initial, extra)
+    if run.errors:
+        return None, 0, "the added rows do not insert on the current data: " + "; ".join(run.errors[:5])
+    tables = merge_tables(sh.sample["sample_data"]["tables"], extra)
+    sample = {"sample_data": {"tables": tables}}
+    bundle = make_bundle(sh.name, db=sh.db, sample=sample, spec=sh.spec, code=sh.code, tasks=sh.tasks)
+    runtime, err = await asyncio.to_thread(load_runtime, bundle, ctx.config.tool_timeout_s)
+    if runtime is None:
+        return None, 0, f"with the added rows, {err}"
+    expected = sh.runtime.template.rows + run.rows
+    if runtime.template.errors or runtime.template.rows != expected:
+        return None, 0, (f"the farm's build of the new data differs ({runtime.template.rows} rows, expected "
+                         f"{expected}): " + "; ".join(runtime.template.errors[:5]))
+    return runtime, run.rows, ""
+
+
+async def _gen_rows(ctx: RunContext, meter: Meter, sh: _Shared, task: str, failure: str,
+                    extra: list[dict[str, Any]] | None) -> LoopResult:
+    """Ask for the INSERTs a task lacks; accepted when they all run on the committed data."""
+
+    async def evaluate(text: str) -> Outcome:
+        try:
+            raw = extract_json(text).get("tables")
+        except ParseError as exc:
+            return Outcome(ok=False, errors=[str(exc)])
+        if not isinstance(raw, list) or not all(isinstance(t, dict) and isinstance(t.get("table_name"), str)
+                                                and isinstance(t.get("insert_statements"), list) for t in raw):
+            return Outcome(ok=False, errors=['"tables" must be a list of {"table_name", "insert_statements": [...]}'])
+        tables = [{"table_name": t["table_name"], "reasoning": str(t.get("reasoning", "")),
+                   "insert_statements": [s for s in t["insert_statements"] if isinstance(s, str)]} for t in raw]
+        pending = merge_tables(extra or [], tables)
+        run = await asyncio.to_thread(run_extra_inserts, sh.initial, pending)
+        return Outcome(ok=not run.errors, value=pending, errors=run.errors, score=-len(run.errors),
+                       excerpt="\n".join(s for t in tables for s in t["insert_statements"]) or text,
+                       details={"rows": run.rows})
+
+    messages = prompts.data_repair_messages(sh.name, task, sh.ddl, sh.excerpt(extra), failure)
+    return await self_correct(ctx, meter, stage="gate.data", scenario=sh.name, messages=messages,
+                              evaluate=evaluate, executable=True, max_attempts=DATA_ATTEMPTS)
 
 
 async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, task: str,
@@ -174,7 +335,7 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
         return Outcome(ok=not errors, value={"sql": sql_code, "code": code_code, "criteria": criteria},
                        errors=errors, score=-len(errors), excerpt=f"{sql_code}\n\n{code_code}")
 
-    messages = prompts.verifier_messages(sh.name, task, sh.ddl, sh.sample, sh.tools)
+    messages = prompts.verifier_messages(sh.name, task, sh.ddl, sh.excerpt(), sh.tools)
     if feedback:
         messages = [*messages, {"role": "user", "content": "A previous verifier for this task judged a reference "
                                 "run wrongly. Write corrected verifiers.\n" + feedback}]
