@@ -32,12 +32,18 @@ class Tracked:
         return self.send(None)
 
     def send(self, value):
-        with self._guard.running():
+        self._guard.enter()
+        try:
             return self._coro.send(value)
+        finally:
+            self._guard.exit()
 
     def throw(self, *exc):
-        with self._guard.running():
+        self._guard.enter()
+        try:
             return self._coro.throw(*exc)
+        finally:
+            self._guard.exit()
 
     def close(self):
         self._coro.close()

@@ -186,8 +186,11 @@ def _tracked(fn):
         guard = _guard.current_guard()
         if guard is None:
             return fn(*args, **kwargs)
-        with guard.running():
+        guard.enter()
+        try:
             return fn(*args, **kwargs)
+        finally:
+            guard.exit()
 
     wrapper.__envfarm_tracked__ = True
     return wrapper

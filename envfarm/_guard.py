@@ -46,53 +46,90 @@ class CallTimeout(BaseException):
 
 
 class CallGuard:
-    """One tool call: its deadline, and which threads are running its code right now."""
+    """One tool call: its deadline, and which threads are running its code right now.
 
-    __slots__ = ("deadline", "conn", "_lock", "_running", "_injected", "done", "fired")
+    The watchdog raises CallTimeout into those threads asynchronously, so the bookkeeping here
+    is lock-free (an async exception landing inside ``with lock:`` can leak the lock) and relies
+    on single dict operations being atomic under the GIL. The handshake: the watchdog sets
+    ``_injecting`` before it reads ``_running`` and clears it after its last injection; a thread
+    leaving env code first unregisters, then waits out ``_injecting``, then drains any exception
+    aimed at it, so none can land in unrelated code after the call.
+    """
+
+    __slots__ = ("deadline", "conn", "_running", "_injected", "_injecting", "done", "fired")
 
     def __init__(self, timeout_s: float, conn: sqlite3.Connection | None) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.conn = conn
-        self._lock = threading.Lock()
         self._running: dict[int, int] = {}
         self._injected: set[int] = set()
+        self._injecting = False
         self.done = False
         self.fired = False
 
+    def enter(self) -> None:
+        """The current thread starts running this call's env code."""
+        tid = threading.get_ident()
+        if self.done and not self._running:
+            # The caller gave up before this (sync, pool-queued) code even started.
+            raise CallTimeout("env code started after its call timed out")
+        self._running[tid] = self._running.get(tid, 0) + 1
+
+    def exit(self) -> None:
+        """The current thread stops running this call's env code (raises CallTimeout if hit)."""
+        tid = threading.get_ident()
+        depth = self._running.get(tid, 1) - 1
+        if depth > 0:
+            self._running[tid] = depth
+            return
+        while True:
+            try:
+                self._running.pop(tid, None)
+                while self._injecting:
+                    pass
+                break
+            except CallTimeout:
+                continue
+        if tid in self._injected:
+            self._injected.discard(tid)
+            _drain_async_exc(tid)
+            raise CallTimeout("env code ran past its deadline")
+
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Mark the current thread as executing this call's env code."""
-        tid = threading.get_ident()
-        with self._lock:
-            self._running[tid] = self._running.get(tid, 0) + 1
+        self.enter()
         try:
             yield
         finally:
-            with self._lock:
-                depth = self._running.pop(tid) - 1
-                if depth:
-                    self._running[tid] = depth
-                injected = tid in self._injected and not depth
-            if injected:
-                _drain_async_exc(tid)
-                raise CallTimeout("env code ran past its deadline")
+            self.exit()
 
-    def fire(self) -> None:
-        """Interrupt the call: stop its SQLite work and raise CallTimeout in its threads."""
-        with self._lock:
-            if self.done or not self._running:
-                return  # an awaiting call is cancelled by asyncio's own timeout
-            self.fired = True
-            for tid in self._running:
+    def fire(self) -> bool:
+        """Interrupt the call: stop its SQLite work and raise CallTimeout in the threads running
+        its code (also after the awaiting side gave up: a sync handler's thread may still spin).
+        Returns False when no thread runs its code: an awaiting call is cancelled by asyncio."""
+        self._injecting = True
+        try:
+            targets = list(self._running)
+            for tid in targets:  # again on every fire: a bare `except:` may swallow one
+                self._injected.add(tid)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                            ctypes.py_object(CallTimeout))
-                self._injected.add(tid)
+        finally:
+            self._injecting = False
+        if not targets:
+            return False
+        self.fired = True
         if self.conn is not None:
             self.conn.interrupt()
+        return True
 
     def finish(self) -> None:
-        with self._lock:
-            self.done = True
+        self.done = True
+
+    @property
+    def settled(self) -> bool:
+        """The call returned and none of its code still runs anywhere."""
+        return self.done and not self._running
 
 
 def _drain_async_exc(tid: int) -> None:
@@ -202,8 +239,12 @@ class _Watchdog:
                     self._cond.wait(timeout=delay)
                     continue
                 heapq.heappop(self._heap)
-            if not guard.done:
-                guard.fire()
+            fired = guard.fire()
+            if not guard.settled:
+                # Still running (the exception was swallowed), or not started yet (a sync handler
+                # queued for a pool thread): look again soon.
+                guard.deadline = time.monotonic() + (0.5 if fired else 0.05)
+                self.watch(guard)
 
 
 _watchdog = _Watchdog()

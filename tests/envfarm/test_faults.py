@@ -86,3 +86,27 @@ def test_guard_is_inert_outside_env_calls(toy_runtime, tmp_path):
     path.write_text("the host may still write files")
     assert path.read_text().startswith("the host")
     assert os.getpid() > 0
+
+
+def test_a_timed_out_sync_handler_thread_is_stopped_not_left_spinning(pair):
+    import threading
+
+    inst, _ = pair
+    assert inst.call_sync("spin_sync", {}).error.kind == "env_error"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        spinning = [t for t in threading.enumerate() if "spin_sync" in _functions_of(t)]
+        if not spinning:
+            break
+        time.sleep(0.05)
+    assert not spinning, "the handler's pool thread still runs env code"
+
+
+def _functions_of(thread) -> set[str]:
+    import sys
+
+    frame, names = sys._current_frames().get(thread.ident), set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
