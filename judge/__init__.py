@@ -24,6 +24,7 @@ from judge.sandbox import (
 from judge.trajectory import Message, ToolSchema, Trajectory
 
 __all__ = [
+    "REWARDS",
     "Criteria",
     "FormatReport",
     "FormatRule",
@@ -36,7 +37,6 @@ __all__ = [
     "Message",
     "Outcome",
     "ParseError",
-    "REWARDS",
     "SandboxConfig",
     "ToolSchema",
     "Trajectory",
