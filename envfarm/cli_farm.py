@@ -1,0 +1,273 @@
+"""`envfarm serve`, `envfarm demo` and `envfarm lease ...`: run the farm and poke at it.
+
+Mount on the root app with ``register(app)``. Ray is imported only by commands that start it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from envfarm.catalog import load_catalog
+from envfarm.client import Farm, reference_episode
+from envfarm.client._episode import EpisodeReport
+from envfarm.errors import EnvfarmError
+from envfarm.farm import FarmConfig, FarmCore, LocalFarm, PoolConfig, make_server
+
+console = Console(soft_wrap=True)
+
+CatalogOpt = Annotated[Path | None, typer.Option(
+    "--catalog", help="Catalog folder (AWM JSONL files); default: the bundled catalog.")]
+EnvsOpt = Annotated[str | None, typer.Option(
+    "--envs", help="Comma-separated env names to serve; default: every servable env.")]
+HostOpt = Annotated[str, typer.Option("--host", help="Bind address (loopback by default).")]
+PortOpt = Annotated[int, typer.Option("--port", help="HTTP port.")]
+
+
+def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
+    return FarmConfig(catalog=str(catalog) if catalog else None,
+                      envs=[e.strip() for e in envs.split(",") if e.strip()] if envs else None,
+                      pool=PoolConfig(warm=warm))
+
+
+def serve(catalog: CatalogOpt = None, envs: EnvsOpt = None,
+          pack: Annotated[int, typer.Option("--pack", min=1,
+                                            help="Env types per deployment (small machines).")] = 1,
+          no_ray: Annotated[bool, typer.Option("--no-ray",
+                                               help="One uvicorn process, no Ray.")] = False,
+          replicas: Annotated[int, typer.Option("--replicas", min=1,
+                                                help="Replicas per deployment.")] = 1,
+          warm: Annotated[int, typer.Option("--warm", min=0,
+                                            help="Reset instances kept ready per env "
+                                                 "and replica.")] = 8,
+          num_cpus: Annotated[int | None, typer.Option("--num-cpus",
+                                                          help="ray.init num_cpus.")] = None,
+          address: Annotated[str | None, typer.Option(
+              "--address", help="Join an existing Ray cluster (e.g. 'auto') instead of "
+                                "starting an embedded one.")] = None,
+          write_config: Annotated[Path | None, typer.Option(
+              "--write-config", help="Write the farm as a Serve config (for `serve deploy` or "
+                                     "a RayService) to this file and exit.")] = None,
+          host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
+    """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
+    try:
+        config = _config(catalog, envs, warm)
+        if write_config is not None:
+            _write_config(config, pack, replicas, host, port, write_config)
+        elif no_ray:
+            _serve_local(config, host, port)
+        else:
+            _serve_ray(config, pack, replicas, num_cpus, host, port, address)
+    except EnvfarmError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from exc
+
+
+def _serve_local(config: FarmConfig, host: str, port: int) -> None:
+    core = FarmCore(config)
+    free = sum(s.free for s in core.pool_stats())
+    console.print(f"envfarm (no Ray) listening on http://{host}:{port} — "
+                  f"{len(core.runtimes)} envs, {free} instances ready; Ctrl-C to stop")
+    for problem in core.problems:
+        console.print(f"[yellow]not served:[/yellow] {problem}")
+    make_server(core, host, port).run()  # uvicorn handles Ctrl-C and shuts down cleanly
+
+
+def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port: int,
+                  path: Path) -> None:
+    import yaml
+
+    from envfarm.serve import DeploymentOptions, ServeOptions
+    from envfarm.serve.apps import serve_config
+
+    options = ServeOptions(host=host, port=port, pack=pack,
+                           deployment=DeploymentOptions(num_replicas=replicas))
+    path.write_text(yaml.safe_dump(serve_config(config, options), sort_keys=False))
+    console.print(f"wrote {path}")
+
+
+def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
+               port: int, address: str | None = None) -> None:
+    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+
+    options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus,
+                           deployment=DeploymentOptions(num_replicas=replicas))
+    console.print("starting Ray and Serve ..." if address is None
+                  else f"joining the Ray cluster at {address} ...")
+    farm = start_farm(config, options, address=address)
+    console.print(f"envfarm listening on {farm.url} — {len(farm.envs)} envs in "
+                  f"{len(farm.plans)} deployments, {farm.instances_ready(config.pool.warm)} "
+                  f"instances ready (started in {farm.startup_s:.1f} s); Ctrl-C to stop")
+    # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
+    # driver could leave Ray's client half-way through a call.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    console.print("shutting down ...")
+    farm.shutdown()
+    console.print("stopped")
+
+
+def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
+               ) -> tuple[str, int, list[Any]]:
+    catalog = load_catalog(config.catalog)
+    names = [env] if env else catalog.servable
+    for name in names:
+        bundle = catalog[name]
+        tasks = [task_idx] if task_idx is not None else sorted(bundle.solutions)
+        for idx in tasks:
+            if idx in bundle.solutions and idx in bundle.code_verifiers:
+                return bundle.name, idx, bundle.solutions[idx]
+    if env and task_idx is not None:
+        return catalog[env].name, task_idx, []
+    raise typer.BadParameter("no servable env with a reference solution and a verifier; "
+                             "pass --env and --task")
+
+
+def demo(catalog: CatalogOpt = None,
+         env: Annotated[str | None, typer.Option("--env", help="Env of the episode.")] = None,
+         task: Annotated[int | None, typer.Option("--task", help="Task index.")] = None,
+         no_ray: Annotated[bool, typer.Option("--no-ray", help="Skip Ray: one process.")] = False,
+         port: PortOpt = 8000) -> None:
+    """Start the farm, run one reference episode (lease, tools, solution, verify, release), stop."""
+    config = _config(catalog, None, warm=2)
+    name, idx, solution = _pick_task(config, env, task)
+    if no_ray:
+        local = LocalFarm(config, port=port).start()
+        url, stop = local.url, local.stop
+        console.print(f"farm (no Ray) up on {url} with {len(local.core.runtimes)} envs")
+    else:
+        from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+
+        console.print("starting the farm on an embedded local Ray ...")
+        running = start_farm(config, ServeOptions(port=port, num_cpus=2,
+                                                  deployment=DeploymentOptions(num_replicas=1)))
+        url, stop = running.url, running.shutdown
+        console.print(f"farm up on {url} with {len(running.envs)} envs "
+                      f"({running.startup_s:.1f} s)")
+    try:
+        report = asyncio.run(_demo_episode(url, name, idx, solution))
+    finally:
+        stop()
+    _print_report(report)
+    if not report.verdict.valid:
+        raise typer.Exit(1)
+
+
+async def _demo_episode(url: str, env: str, idx: int, solution: list[Any]) -> EpisodeReport:
+    async with Farm(url) as farm:
+        return await reference_episode(farm, env, idx, solution)
+
+
+def _print_report(r: EpisodeReport) -> None:
+    console.print(f"\n[bold]episode[/bold] env={r.env} task={r.task_idx} lease={r.lease_id}")
+    console.print(f"  task: {r.task}")
+    console.print(f"  tools listed: {r.tools}")
+    for i, step in enumerate(r.steps, 1):
+        mark = "[green]ok[/green]" if step.ok else "[red]error[/red]"
+        console.print(f"  {i}. {step.tool} {mark} {step.summary}")
+    v = r.verdict
+    console.print(f"  verify: outcome={v.outcome} reward={v.reward} valid={v.valid}")
+    console.print(f"  release: {r.release}   ({r.seconds * 1000:.0f} ms)")
+
+
+# -- envfarm lease ... ----------------------------------------------------------------------------
+lease_app = typer.Typer(help="Poke at a running farm by hand: lease, tools, call, verify, release.",
+                        no_args_is_help=True)
+UrlOpt = Annotated[str, typer.Option("--url", envvar="ENVFARM_URL", help="Farm URL.")]
+LeaseOpt = Annotated[str, typer.Option("--lease", envvar="ENVFARM_LEASE", help="Lease id.")]
+TokenOpt = Annotated[str, typer.Option("--token", envvar="ENVFARM_TOKEN", help="Lease token.")]
+EnvOpt = Annotated[str, typer.Option("--env", envvar="ENVFARM_ENV", help="Env of the lease.")]
+
+
+def _run(coro_fn: Any, url: str) -> Any:
+    async def main() -> Any:
+        async with Farm(url, retries=1) as farm:
+            return await coro_fn(farm)
+    try:
+        return asyncio.run(main())
+    except EnvfarmError as exc:
+        console.print(f"[red]{type(exc).__name__}:[/red] {exc.message}")
+        raise typer.Exit(1) from exc
+
+
+def _lease(farm: Farm, env: str, lease_id: str, token: str) -> Any:
+    from envfarm.client import Lease
+    from envfarm.farm import LeaseInfo
+
+    return Lease(farm, LeaseInfo(lease_id=lease_id, env=env, token=token, expires_at=0,
+                                 idle_timeout_s=0, mcp_url=""))
+
+
+def _emit(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+@lease_app.command("envs")
+def lease_envs(url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """List the farm's envs."""
+    _emit([e.model_dump() for e in _run(lambda f: f.envs(), url)])
+
+
+@lease_app.command("create")
+def lease_create(env: Annotated[str, typer.Argument(help="Env name.")],
+                 task: Annotated[int | None, typer.Option("--task")] = None,
+                 ttl: Annotated[float | None, typer.Option("--ttl")] = None,
+                 url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """Take a lease; prints its id and token (export ENVFARM_LEASE / ENVFARM_TOKEN)."""
+    lease = _run(lambda f: f.acquire(env, task_idx=task, ttl_s=ttl), url)
+    _emit(lease.info.model_dump())
+
+
+@lease_app.command("tools")
+def lease_tools(env: EnvOpt, lease: LeaseOpt, token: TokenOpt,
+                url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """List the lease's tools."""
+    tools = _run(lambda f: _lease(f, env, lease, token).tools(), url)
+    _emit([{"name": t.name, "description": t.description} for t in tools])
+
+
+@lease_app.command("call")
+def lease_call(tool: Annotated[str, typer.Argument(help="Tool name.")],
+               arguments: Annotated[str, typer.Argument(help="JSON object of arguments.")] = "{}",
+               env: EnvOpt = "", lease: LeaseOpt = "", token: TokenOpt = "",
+               url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """Call a tool with JSON arguments."""
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"arguments are not JSON: {exc.msg}") from exc
+    res = _run(lambda f: _lease(f, env, lease, token).call_result(tool, args), url)
+    _emit(res.model_dump())
+
+
+@lease_app.command("verify")
+def lease_verify(env: EnvOpt, lease: LeaseOpt, token: TokenOpt,
+                 task: Annotated[int | None, typer.Option("--task")] = None,
+                 url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """Run the task's verifier on the lease's state."""
+    _emit(_run(lambda f: _lease(f, env, lease, token).verify(task), url).model_dump())
+
+
+@lease_app.command("release")
+def lease_release(env: EnvOpt, lease: LeaseOpt, token: TokenOpt,
+                  url: UrlOpt = "http://127.0.0.1:8000") -> None:
+    """Release the lease (idempotent)."""
+    _emit(_run(lambda f: _lease(f, env, lease, token).release(), url).model_dump())
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``serve``, ``demo`` and ``lease`` on the root CLI."""
+    app.command("serve")(serve)
+    app.command("demo")(demo)
+    app.add_typer(lease_app, name="lease")

@@ -1,0 +1,39 @@
+"""Client SDK of the farm: async ``Farm`` (primary) and ``SyncFarm`` for scripts."""
+
+from envfarm.client._client import Farm, Lease
+from envfarm.client._episode import EpisodeReport, reference_episode
+from envfarm.client._errors import EnvError, LeaseLost, error_from_wire
+from envfarm.client._sync import SyncFarm, SyncLease
+from envfarm.client._transport import ASGITransport, HTTPTransport, Reply, Transport
+from envfarm.errors import (
+                            AgentError,
+                            EnvfarmError,
+                            LeaseForbidden,
+                            LeaseNotFound,
+                            LeaseUnauthorized,
+                            PoolExhausted,
+                            TransportError,
+)
+
+__all__ = [
+    "ASGITransport",
+    "AgentError",
+    "EnvError",
+    "EnvfarmError",
+    "EpisodeReport",
+    "Farm",
+    "HTTPTransport",
+    "Lease",
+    "LeaseForbidden",
+    "LeaseLost",
+    "LeaseNotFound",
+    "LeaseUnauthorized",
+    "PoolExhausted",
+    "Reply",
+    "SyncFarm",
+    "SyncLease",
+    "Transport",
+    "TransportError",
+    "error_from_wire",
+    "reference_episode",
+]

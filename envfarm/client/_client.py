@@ -1,0 +1,240 @@
+"""The async SDK: ``Farm(url)`` and its leases.
+
+    async with Farm("http://127.0.0.1:8000") as farm:
+        async with farm.lease("content_platform_1", task_idx=0) as lease:
+            tools = await lease.tools()
+            result = await lease.call("search_channels", {"query": "news"})
+            verdict = await lease.verify()
+
+Retries only where they cannot duplicate work: a request that never left (connect errors) is
+always retried; reads, releases and lease creation (made idempotent with a generated key) are
+also retried after timeouts and 5xx. Tool calls and resets that may have run are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Self
+
+from envfarm.client._errors import call_error, error_from_wire
+from envfarm.client._transport import HTTPTransport, Reply, Transport
+from envfarm.errors import EnvfarmError, PoolExhausted, TransportError
+from envfarm.farm._wire import (
+    BatchResponse,
+    BatchResult,
+    CallResponse,
+    EnvDetail,
+    EnvSummary,
+    LeaseInfo,
+    ReleaseResponse,
+    VerifyResponse,
+)
+from envfarm.models import ToolSpec
+
+
+class Farm:
+    """A farm reached over HTTP (or any ``Transport``)."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", *, transport: Transport | None = None,
+                 max_connections: int = 1024, timeout_s: float = 60.0, retries: int = 3,
+                 backoff_s: float = 0.2) -> None:
+        self.url = url.rstrip("/")
+        self.transport = transport or HTTPTransport(url, max_connections=max_connections,
+                                                    timeout_s=timeout_s)
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    # -- plumbing --------------------------------------------------------------------------------
+    async def _request(self, method: str, path: str, *, json_body: Any = None,
+                       token: str | None = None, safe: bool = False) -> Reply:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        attempt = 0
+        while True:
+            try:
+                reply = await self.transport.request(method, path, json=json_body,
+                                                     headers=headers)
+            except TransportError as exc:
+                if attempt < self.retries and (safe or exc.fields.get("sent") is False):
+                    attempt += 1
+                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                    continue
+                raise
+            if reply.status < 400:
+                return reply
+            retryable = reply.status in (502, 503, 504) and safe
+            if retryable and attempt < self.retries:
+                attempt += 1
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                continue
+            raise error_from_wire(reply.status, reply.body)
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        reply = await self._request(method, path, **kw)
+        try:
+            return json.loads(reply.body)
+        except ValueError as exc:
+            raise TransportError(f"farm answered non-JSON to {method} {path}") from exc
+
+    # -- catalog ---------------------------------------------------------------------------------
+    async def envs(self) -> list[EnvSummary]:
+        return [EnvSummary.model_validate(e) for e in await self._json("GET", "/envs", safe=True)]
+
+    async def env(self, name: str) -> EnvDetail:
+        return EnvDetail.model_validate(await self._json("GET", f"/envs/{name}", safe=True))
+
+    async def healthz(self) -> dict[str, Any]:
+        return await self._json("GET", "/healthz", safe=True)
+
+    # -- leases ----------------------------------------------------------------------------------
+    async def acquire(self, env: str, *, task_idx: int | None = None, ttl_s: float | None = None,
+                      idempotency_key: str | None = None, wait_s: float = 0.0) -> Lease:
+        """A new lease (release it yourself, or use ``lease()``). ``wait_s``: retry a full pool."""
+        body = {"task_idx": task_idx, "ttl_s": ttl_s,
+                "idempotency_key": idempotency_key or uuid.uuid4().hex}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                data = await self._json("POST", f"/envs/{env}/leases", json_body=body, safe=True)
+                return Lease(self, LeaseInfo.model_validate(data))
+            except PoolExhausted:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(min(1.0, max(0.05, deadline - loop.time())))
+
+    @asynccontextmanager
+    async def lease(self, env: str, *, task_idx: int | None = None, ttl_s: float | None = None,
+                    idempotency_key: str | None = None) -> AsyncIterator[Lease]:
+        """A lease released on exit, however the block ends."""
+        lease = await self.acquire(env, task_idx=task_idx, ttl_s=ttl_s,
+                                   idempotency_key=idempotency_key)
+        try:
+            yield lease
+        finally:
+            try:
+                await lease.release()
+            except EnvfarmError:
+                pass  # already gone: nothing to give back
+
+    async def acquire_many(self, env: str, count: int, *, task_idx: int | None = None,
+                           ttl_s: float | None = None) -> list[Lease]:
+        """``count`` leases in one request (e.g. a GRPO group on one task)."""
+        body = {"count": count, "task_idx": task_idx, "ttl_s": ttl_s,
+                "idempotency_key": uuid.uuid4().hex}
+        data = await self._json("POST", f"/envs/{env}/leases:batch", json_body=body, safe=True)
+        return [Lease(self, LeaseInfo.model_validate(d)) for d in data]
+
+    async def batch_call(self, calls: Sequence[tuple[Lease, str, dict[str, Any]]]
+                         ) -> list[CallResponse | EnvfarmError]:
+        """Many leases' calls: one request per owner replica (one hop through Serve), sent
+        concurrently; per item a result or the error it hit, in the order given."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, (lease, _, _) in enumerate(calls):
+            groups.setdefault((lease.env, lease.lease_id.rpartition("-")[0]), []).append(i)
+        out: list[CallResponse | EnvfarmError | None] = [None] * len(calls)
+
+        async def one(env: str, owner: str, idx: list[int]) -> None:
+            body = {"calls": [{"env": calls[i][0].env, "lease_id": calls[i][0].lease_id,
+                               "token": calls[i][0].token, "tool": calls[i][1],
+                               "arguments": calls[i][2]} for i in idx]}
+            data = BatchResponse.model_validate(await self._json(
+                "POST", f"/envs/{env}/owners/{owner}/batch", json_body=body))
+            for i, item in zip(idx, data.results):
+                out[i] = item.result if item.result is not None else _item_error(item)
+
+        await asyncio.gather(*(one(env, owner, idx) for (env, owner), idx in groups.items()))
+        return [r for r in out if r is not None]
+
+
+def _item_error(item: BatchResult) -> EnvfarmError:
+    err = item.error
+    status, kind, message = (err.status, err.kind, err.message) if err else (500, "", "?")
+    payload = json.dumps({"error": {"kind": kind, "message": message,
+                                    "lease_id": item.lease_id}}).encode()
+    return error_from_wire(status, payload)
+
+
+class Lease:
+    """One leased instance: its id, token and the calls it accepts."""
+
+    def __init__(self, farm: Farm, info: LeaseInfo) -> None:
+        self.farm = farm
+        self.info = info
+        self.released = False
+
+    @property
+    def lease_id(self) -> str:
+        return self.info.lease_id
+
+    @property
+    def env(self) -> str:
+        return self.info.env
+
+    @property
+    def token(self) -> str:
+        return self.info.token
+
+    @property
+    def mcp_url(self) -> str:
+        return self.farm.url + self.info.mcp_url
+
+    @property
+    def path(self) -> str:
+        return f"/envs/{self.env}/leases/{self.lease_id}"
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.lease_id} of {self.env}>"
+
+    async def tools(self) -> list[ToolSpec]:
+        data = await self.farm._json("GET", self.path + "/tools", token=self.token, safe=True)
+        return [ToolSpec.model_validate(t) for t in data]
+
+    async def call_result(self, tool: str, arguments: dict[str, Any] | None = None
+                          ) -> CallResponse:
+        """The call's outcome, agent and env errors included (never raised)."""
+        data = await self.farm._json("POST", self.path + "/call", token=self.token,
+                                     json_body={"tool": tool, "arguments": arguments or {}})
+        return CallResponse.model_validate(data)
+
+    async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> Any:
+        """The tool's result; raises ``AgentError`` / ``EnvError`` when the call failed."""
+        res = await self.call_result(tool, arguments)
+        if not res.ok:
+            err = res.error
+            raise call_error(err.kind if err else "env_error",
+                             err.message if err else "call failed", lease_id=self.lease_id,
+                             tool=tool, status=res.status)
+        return res.result
+
+    async def reset(self) -> None:
+        await self.farm._json("POST", self.path + "/reset", token=self.token)
+
+    async def verify(self, task_idx: int | None = None, final_answer: str | None = None
+                     ) -> VerifyResponse:
+        body = {"task_idx": task_idx, "final_answer": final_answer}
+        return VerifyResponse.model_validate(
+            await self.farm._json("POST", self.path + "/verify", token=self.token,
+                                  json_body=body, safe=True))
+
+    async def snapshot(self, which: str = "current") -> bytes:
+        reply = await self.farm._request("GET", f"{self.path}/snapshot?which={which}",
+                                         token=self.token, safe=True)
+        return reply.body
+
+    async def release(self) -> ReleaseResponse:
+        data = await self.farm._json("DELETE", self.path, token=self.token, safe=True)
+        self.released = True
+        return ReleaseResponse.model_validate(data)

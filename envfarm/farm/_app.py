@@ -1,0 +1,165 @@
+"""The lease API as a FastAPI app over one ``FarmCore`` (``--no-ray`` and inside Serve replicas)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from enum import Enum
+from typing import Annotated
+
+from fastapi import Body, Depends, FastAPI, Path, Query, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPBearer
+from starlette.routing import Route
+
+from envfarm.farm._core import FarmCore, Lease
+from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
+from envfarm.farm._mcp import LeaseMCP
+from envfarm.farm._wire import (
+    BatchRequest,
+    BatchResponse,
+    CallRequest,
+    CallResponse,
+    EnvDetail,
+    EnvSummary,
+    ErrorBody,
+    Health,
+    LeaseBatchRequest,
+    LeaseInfo,
+    LeaseRequest,
+    ReleaseResponse,
+    ResetResponse,
+    VerifyRequest,
+    VerifyResponse,
+)
+from envfarm.models import ToolSpec
+
+EnvName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$",
+                               description="AWM-normalized env name.")]
+LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=r"^[A-Za-z0-9_]+-[0-9a-f]+$",
+                              description="Lease id (<owner>-<random>).")]
+
+Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$",
+                            description="Owner tag: the part of a lease id before '-'.")]
+
+_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422)}
+# Declares the bearer scheme in the OpenAPI; the token itself is read by ``bearer()`` so that
+# a missing one becomes our 401 body, not FastAPI's.
+_auth = [Depends(HTTPBearer(auto_error=False, description="The lease's token."))]
+
+
+class Which(str, Enum):
+    current = "current"
+    initial = "initial"
+
+
+def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
+    """The farm's HTTP app. ``manage_core`` starts/stops the core with the app's lifespan."""
+    mcp = LeaseMCP(core)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_core:
+            await core.start()
+        async with mcp.lifespan():
+            yield
+        if manage_core:
+            await core.aclose()
+
+    app = FastAPI(title=title, version="1", lifespan=lifespan,
+                  description="Lease isolated tool-use environments; see DESIGN.md.")
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
+    app.state.core = core
+
+    def lease_of(request: Request, env: str, lease_id: str) -> Lease:
+        return core.lease(env, lease_id, bearer(request))
+
+    @app.get("/healthz", response_model=Health, tags=["farm"])
+    async def healthz() -> Health:
+        return core.health()
+
+    @app.get("/metrics", tags=["farm"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    async def metrics() -> Response:
+        return Response(core.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/envs", response_model=list[EnvSummary], tags=["catalog"])
+    async def list_envs() -> list[EnvSummary]:
+        return core.summaries()
+
+    @app.get("/envs/{env}", response_model=EnvDetail, tags=["catalog"],
+             responses={404: _ERRORS[404]})
+    async def get_env(env: EnvName) -> EnvDetail:
+        return core.detail(env)
+
+    @app.post("/envs/{env}/leases", response_model=LeaseInfo, status_code=201, tags=["leases"],
+              responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
+    async def create_lease(env: EnvName, req: Annotated[LeaseRequest | None, Body()] = None
+                           ) -> LeaseInfo:
+        return core.create_lease(env, req or LeaseRequest())
+
+    @app.post("/envs/{env}/leases:batch", response_model=list[LeaseInfo], status_code=201,
+              tags=["leases"],
+              responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
+    async def create_leases(env: EnvName, req: LeaseBatchRequest) -> list[LeaseInfo]:
+        body = LeaseRequest.model_validate(req.model_dump(exclude={"count"}))
+        return core.create_leases(env, body, req.count)
+
+    lease_errors = {k: _ERRORS[k] for k in (401, 403, 404, 410)}
+
+    @app.get("/envs/{env}/leases/{lease_id}/tools", response_model=list[ToolSpec],
+             tags=["leases"], responses=lease_errors, dependencies=_auth)
+    async def tools(request: Request, env: EnvName, lease_id: LeaseId) -> list[ToolSpec]:
+        return core.tools(lease_of(request, env, lease_id))
+
+    @app.post("/envs/{env}/leases/{lease_id}/call", response_model=CallResponse, tags=["leases"],
+              responses=lease_errors | {k: _ERRORS[k] for k in (413, 422)},
+              dependencies=_auth)
+    async def call(request: Request, env: EnvName, lease_id: LeaseId, req: CallRequest
+                   ) -> CallResponse:
+        return await core.call(lease_of(request, env, lease_id), req.tool, req.arguments)
+
+    @app.post("/envs/{env}/leases/{lease_id}/reset", response_model=ResetResponse,
+              tags=["leases"], responses=lease_errors, dependencies=_auth)
+    async def reset(request: Request, env: EnvName, lease_id: LeaseId) -> ResetResponse:
+        await core.reset(lease_of(request, env, lease_id))
+        return ResetResponse(lease_id=lease_id)
+
+    @app.post("/envs/{env}/leases/{lease_id}/verify", response_model=VerifyResponse,
+              tags=["leases"], responses=lease_errors | {422: _ERRORS[422]}, dependencies=_auth)
+    async def verify(request: Request, env: EnvName, lease_id: LeaseId,
+                     req: Annotated[VerifyRequest | None, Body()] = None) -> VerifyResponse:
+        return await core.verify(lease_of(request, env, lease_id), req or VerifyRequest())
+
+    @app.get("/envs/{env}/leases/{lease_id}/snapshot", tags=["leases"], response_class=Response,
+             responses=lease_errors | {200: {"content": {"application/vnd.sqlite3": {}}}},
+             dependencies=_auth)
+    async def snapshot(request: Request, env: EnvName, lease_id: LeaseId,
+                       which: Annotated[Which, Query()] = Which.current) -> Response:
+        lease = lease_of(request, env, lease_id)
+        data = (lease.instance.initial_snapshot() if which is Which.initial
+                else await core.snapshot(lease))
+        return Response(data, media_type="application/vnd.sqlite3", headers={
+            "Content-Disposition": f'attachment; filename="{lease_id}-{which.value}.db"'})
+
+    @app.delete("/envs/{env}/leases/{lease_id}", response_model=ReleaseResponse,
+                tags=["leases"], responses=lease_errors, dependencies=_auth)
+    async def release(request: Request, env: EnvName, lease_id: LeaseId) -> ReleaseResponse:
+        return core.release(env, lease_id, bearer(request))
+
+    @app.post("/envs/{env}/owners/{owner}/batch", response_model=BatchResponse, tags=["batch"],
+              responses={k: _ERRORS[k] for k in (413, 422)})
+    async def owner_batch(env: EnvName, owner: Owner, req: BatchRequest) -> BatchResponse:
+        # Reaches the owner replica in one hop through Serve (the router reads the owner from
+        # the path); items of leases owned elsewhere answer 410 one by one.
+        return BatchResponse(results=await core.batch_call(req.calls))
+
+    @app.post("/batch/call", response_model=BatchResponse, tags=["batch"],
+              responses={k: _ERRORS[k] for k in (413, 422)})
+    async def batch_call(req: BatchRequest) -> BatchResponse:
+        return BatchResponse(results=await core.batch_call(req.calls))
+
+    app.router.routes.append(Route("/envs/{env}/leases/{lease_id}/mcp", mcp,
+                                   methods=["GET", "POST", "DELETE"]))
+    return app

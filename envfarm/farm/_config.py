@@ -1,0 +1,65 @@
+"""Configuration of a farm process/replica and of the envs it serves (defaults defined once)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PoolConfig(BaseModel):
+    """Sizing of one env's instance pool (per process or per replica)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warm: int = Field(default=8, ge=0, le=100_000,
+                      description="Reset instances kept ready so a lease never waits.")
+    max_instances: int = Field(default=4096, ge=1, le=1_000_000,
+                               description="Upper bound of instances (leased + free).")
+
+    @model_validator(mode="after")
+    def _warm_fits(self) -> PoolConfig:
+        if self.warm > self.max_instances:
+            raise ValueError(f"warm ({self.warm}) exceeds max_instances ({self.max_instances})")
+        return self
+
+
+class LeasePolicy(BaseModel):
+    """Lifetimes of leases."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_ttl_s: float = Field(default=3600.0, gt=0, description="TTL when a lease asks none.")
+    max_ttl_s: float = Field(default=24 * 3600.0, gt=0, description="Longest TTL granted.")
+    idle_timeout_s: float = Field(default=900.0, gt=0,
+                                  description="A lease unused this long is reaped.")
+    reap_interval_s: float = Field(default=1.0, gt=0, description="How often reaping runs.")
+    tombstones: int = Field(default=100_000, ge=0,
+                            description="Closed lease ids remembered to answer 410, not 404.")
+
+
+class FarmConfig(BaseModel):
+    """What one farm process (``--no-ray``) or one Serve replica serves, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    catalog: str | None = Field(default=None, description="Catalog folder; None = bundled.")
+    envs: list[str] | None = Field(default=None,
+                                   description="Env names to serve; None = every servable env.")
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    pools: dict[str, PoolConfig] = Field(default_factory=dict, description="Per-env overrides.")
+    leases: LeasePolicy = Field(default_factory=LeasePolicy)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Larger bodies get 413.")
+    verifier_workers: int = Field(default=1, ge=1, le=64,
+                                  description="Sandbox worker processes for verifiers.")
+    verifier_timeout_s: float = Field(default=10.0, gt=0)
+
+    def pool_for(self, env: str) -> PoolConfig:
+        return self.pools.get(env, self.pool)
+
+    def with_envs(self, envs: list[str]) -> FarmConfig:
+        return self.model_copy(update={"envs": list(envs)})
+
+    @classmethod
+    def from_options(cls, **options: Any) -> FarmConfig:
+        return cls.model_validate({k: v for k, v in options.items() if v is not None})

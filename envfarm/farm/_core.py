@@ -1,0 +1,340 @@
+"""The farm's state machine, shared by the ``--no-ray`` process and every Serve replica.
+
+``FarmCore`` owns the compiled envs of one process, their instance pools, the leases handed out
+from them, and the reaper. HTTP, MCP, the batched path and Serve handles all go through it.
+Lease ids start with the owner tag of the process that made them (``<owner>-<random>``): a
+request that reaches another owner means the owner is gone, and gets 410, never a fresh state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from envfarm.catalog import Catalog, load_catalog, normalize_name
+from envfarm.errors import (
+    EnvfarmError,
+    EnvLoadError,
+    EnvNotFound,
+    LeaseForbidden,
+    LeaseGone,
+    LeaseNotFound,
+    LeaseUnauthorized,
+)
+from envfarm.farm._config import FarmConfig
+from envfarm.farm._errors import TaskNotFound
+from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._pool import InstancePool
+from envfarm.farm._verify import LazySandbox, verify
+from envfarm.farm._wire import (
+    BatchError,
+    BatchItem,
+    BatchResult,
+    CallResponse,
+    EnvDetail,
+    EnvSummary,
+    Health,
+    LeaseInfo,
+    LeaseRequest,
+    PoolStats,
+    ReleaseResponse,
+    ReleaseStatus,
+    VerifyRequest,
+    VerifyResponse,
+)
+from envfarm.models import ToolSpec
+from envfarm.runtime import EnvRuntime, Instance
+
+log = logging.getLogger("envfarm.farm")
+
+
+def new_owner_tag() -> str:
+    """A random owner tag for a process that has no Serve replica id."""
+    return "p" + secrets.token_hex(4)
+
+
+def owner_of(lease_id: str) -> str:
+    """The owner tag a lease id names (``<owner>-<random>``)."""
+    return lease_id.rpartition("-")[0]
+
+
+@dataclass(eq=False)
+class Lease:
+    lease_id: str
+    env: str
+    token: str
+    instance: Instance
+    task_idx: int | None
+    expires_at: float
+    idle_timeout_s: float
+    idempotency_key: str | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+
+class FarmCore:
+    """Envs, pools and leases of one process (or one Serve replica)."""
+
+    def __init__(self, config: FarmConfig, owner: str | None = None,
+                 catalog: Catalog | None = None,
+                 runtimes: dict[str, EnvRuntime] | None = None) -> None:
+        """``runtimes``: envs compiled already (they hold no lease state, so cores may share)."""
+        self.config = config
+        self.owner = owner or new_owner_tag()
+        if "-" in self.owner:
+            raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
+        self.catalog = catalog or load_catalog(config.catalog)
+        self.problems: list[str] = []
+        self.runtimes: dict[str, EnvRuntime] = {}
+        self.pools: dict[str, InstancePool] = {}
+        for name in self._envs_to_serve():
+            try:
+                runtime = (runtimes or {}).get(name) or EnvRuntime(self.catalog[name])
+            except EnvLoadError as exc:
+                if config.envs is not None:
+                    raise  # asked for by name: fail loudly
+                self.problems.append(f"{name}: {exc.message}")
+                log.warning("not serving %s: %s", name, exc.message)
+                continue
+            self.runtimes[name] = runtime
+            self.pools[name] = InstancePool(runtime, config.pool_for(name))
+        self.leases: dict[str, Lease] = {}
+        self._idempotent: dict[tuple[str, str], str] = {}
+        self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
+        self.sandbox = LazySandbox(config.verifier_workers, config.verifier_timeout_s)
+        self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases))
+        self._reaper: asyncio.Task[None] | None = None
+
+    def _envs_to_serve(self) -> list[str]:
+        if self.config.envs is None:
+            return self.catalog.servable
+        names = [normalize_name(n) for n in self.config.envs]
+        for name in names:
+            if not self.catalog[name].servable:  # raises EnvNotFound for unknown names
+                raise EnvLoadError(f"env {name!r} has no code to serve", env=name)
+        return names
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_forever(), name="envfarm-reaper")
+
+    async def aclose(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+        for lease in list(self.leases.values()):
+            self._close(lease, "farm shut down")
+        for pool in self.pools.values():
+            await pool.drain()
+        await asyncio.to_thread(self.sandbox.close)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.leases.reap_interval_s)
+            self.reap()
+
+    def reap(self, now_wall: float | None = None, now_mono: float | None = None) -> int:
+        """Close expired and idle leases; returns how many."""
+        now_wall = time.time() if now_wall is None else now_wall
+        now_mono = time.monotonic() if now_mono is None else now_mono
+        reaped = 0
+        for lease in list(self.leases.values()):
+            if lease.expires_at <= now_wall:
+                self._close(lease, "expired (its TTL ran out)")
+            elif now_mono - lease.last_used >= lease.idle_timeout_s:
+                self._close(lease, f"reaped after {lease.idle_timeout_s:g} s idle")
+            else:
+                continue
+            reaped += 1
+        return reaped
+
+    # -- catalog --------------------------------------------------------------------------------
+    def env_names(self) -> list[str]:
+        return sorted(self.runtimes)
+
+    def summaries(self) -> list[EnvSummary]:
+        return [self._summary(name) for name in self.catalog.names]
+
+    def _summary(self, name: str) -> EnvSummary:
+        b = self.catalog[name]
+        return EnvSummary(name=b.name, description=b.description, tasks=len(b.tasks),
+                          verified_tasks=sorted(b.code_verifiers), served=name in self.runtimes)
+
+    def detail(self, env: str) -> EnvDetail:
+        name = normalize_name(env)
+        summary = self._summary(self.catalog[name].name)
+        runtime = self.runtimes.get(name)
+        return EnvDetail(**summary.model_dump(), task_list=list(self.catalog[name].tasks),
+                         tools=runtime.tools if runtime else [],
+                         pool=self.pools[name].stats() if runtime else None)
+
+    def runtime(self, env: str) -> EnvRuntime:
+        name = normalize_name(env)
+        if name not in self.runtimes:
+            if name in self.catalog:
+                raise EnvNotFound(f"env {name!r} is in the catalog but not served here "
+                                  f"(served: {', '.join(self.env_names())})", env=env)
+            self.catalog[name]  # raises EnvNotFound with the known names
+        return self.runtimes[name]
+
+    def pool_stats(self) -> list[PoolStats]:
+        return [p.stats() for p in self.pools.values()]
+
+    def health(self) -> Health:
+        return Health(owner=self.owner, envs=self.env_names(), leases_active=len(self.leases),
+                      free_instances=sum(s.free for s in self.pool_stats()))
+
+    # -- leases ---------------------------------------------------------------------------------
+    def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "") -> LeaseInfo:
+        started = time.perf_counter()
+        runtime = self.runtime(env)
+        name = runtime.name
+        if req.idempotency_key is not None:
+            known = self._idempotent.get((name, req.idempotency_key))
+            if known is not None and known in self.leases:
+                return self._info(self.leases[known], mcp_prefix)
+        tasks = runtime.bundle.tasks
+        if req.task_idx is not None and req.task_idx >= len(tasks):
+            raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
+                               env=name, task_idx=req.task_idx)
+        policy = self.config.leases
+        ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
+        instance = self.pools[name].acquire()
+        lease = Lease(lease_id=f"{self.owner}-{secrets.token_hex(8)}", env=name,
+                      token=secrets.token_urlsafe(24), instance=instance, task_idx=req.task_idx,
+                      expires_at=time.time() + ttl, idle_timeout_s=min(policy.idle_timeout_s, ttl),
+                      idempotency_key=req.idempotency_key)
+        self.leases[lease.lease_id] = lease
+        if req.idempotency_key is not None:
+            self._idempotent[(name, req.idempotency_key)] = lease.lease_id
+        self.metrics.lease_events.labels(name, "created").inc()
+        self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
+        return self._info(lease, mcp_prefix)
+
+    def create_leases(self, env: str, req: LeaseRequest, count: int) -> list[LeaseInfo]:
+        """``count`` leases at once (idempotency keys get ``-<i>`` suffixes)."""
+        out = []
+        for i in range(count):
+            key = None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
+            out.append(self.create_lease(env, req.model_copy(update={"idempotency_key": key})))
+        return out
+
+    def _info(self, lease: Lease, mcp_prefix: str) -> LeaseInfo:
+        task = None
+        if lease.task_idx is not None:
+            task = self.runtimes[lease.env].bundle.tasks[lease.task_idx]
+        return LeaseInfo(lease_id=lease.lease_id, env=lease.env, token=lease.token,
+                         expires_at=lease.expires_at, idle_timeout_s=lease.idle_timeout_s,
+                         mcp_url=f"{mcp_prefix}/envs/{lease.env}/leases/{lease.lease_id}/mcp",
+                         task_idx=lease.task_idx, task=task)
+
+    def lease(self, env: str | None, lease_id: str, token: str | None) -> Lease:
+        """The lease, if the caller may use it: 401 / 403 / 404 / 410 otherwise."""
+        if not token:
+            raise LeaseUnauthorized("lease calls need 'Authorization: Bearer <lease token>'",
+                                    lease_id=lease_id)
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            raise self._missing(lease_id)
+        if env is not None and normalize_name(env) != lease.env:
+            raise LeaseNotFound(f"lease {lease_id} is not a lease of env {env!r}",
+                                lease_id=lease_id)
+        if not hmac.compare_digest(lease.token, token):
+            raise LeaseForbidden(f"wrong token for lease {lease_id}", lease_id=lease_id)
+        if lease.expires_at <= time.time():
+            self._close(lease, "expired (its TTL ran out)")
+            raise self._missing(lease_id)
+        lease.touch()
+        return lease
+
+    def _missing(self, lease_id: str) -> EnvfarmError:
+        why = self._closed.get(lease_id)
+        if why is not None:
+            return LeaseGone(f"lease {lease_id} is closed: {why}; start a new lease",
+                             lease_id=lease_id, reason=why)
+        owner = owner_of(lease_id)
+        if owner and owner != self.owner:
+            return LeaseGone(f"lease {lease_id} belongs to replica {owner!r}, which is gone; its "
+                             "state is lost, start a new lease", lease_id=lease_id, owner=owner)
+        return LeaseNotFound(f"no lease {lease_id}", lease_id=lease_id)
+
+    def release(self, env: str | None, lease_id: str, token: str | None) -> ReleaseResponse:
+        """Idempotent: ``closed`` the first time, ``already_closed`` after."""
+        try:
+            lease = self.lease(env, lease_id, token)
+        except LeaseGone:
+            if lease_id in self._closed:
+                return ReleaseResponse(lease_id=lease_id, status=ReleaseStatus.already_closed)
+            raise
+        self._close(lease, "released by its holder")
+        return ReleaseResponse(lease_id=lease_id, status=ReleaseStatus.closed)
+
+    def _close(self, lease: Lease, why: str) -> None:
+        if self.leases.pop(lease.lease_id, None) is None:
+            return
+        if lease.idempotency_key is not None:
+            self._idempotent.pop((lease.env, lease.idempotency_key), None)
+        self._closed[lease.lease_id] = why
+        while len(self._closed) > self.config.leases.tombstones:
+            self._closed.popitem(last=False)
+        self.pools[lease.env].release(lease.instance)
+        self.metrics.lease_events.labels(lease.env, why.split(" ")[0]).inc()
+
+    # -- per-lease operations -------------------------------------------------------------------
+    def tools(self, lease: Lease) -> list[ToolSpec]:
+        return lease.instance.tools
+
+    async def call(self, lease: Lease, tool: str, arguments: dict) -> CallResponse:
+        res = await lease.instance.call(tool, arguments)
+        lease.touch()
+        outcome = "ok" if res.ok else (res.error.kind if res.error else "error")
+        self.metrics.calls.labels(lease.env, outcome).inc()
+        self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
+        return CallResponse.model_validate(res.model_dump())
+
+    async def reset(self, lease: Lease) -> None:
+        async with lease.instance.lock:
+            lease.instance.reset()
+
+    async def snapshot(self, lease: Lease) -> bytes:
+        async with lease.instance.lock:
+            return lease.instance.snapshot()
+
+    async def verify(self, lease: Lease, req: VerifyRequest) -> VerifyResponse:
+        task_idx = req.task_idx if req.task_idx is not None else lease.task_idx
+        bundle = self.catalog[lease.env]
+        if task_idx is None:
+            raise TaskNotFound(f"lease {lease.lease_id} is bound to no task; pass task_idx",
+                               lease_id=lease.lease_id)
+        if task_idx >= len(bundle.tasks):
+            raise TaskNotFound(f"env {lease.env!r} has {len(bundle.tasks)} tasks; no task_idx "
+                               f"{task_idx}", env=lease.env, task_idx=task_idx)
+        async with lease.instance.lock:
+            initial, final = lease.instance.initial_snapshot(), lease.instance.snapshot()
+        result = await verify(self.sandbox, bundle.code_verifiers.get(task_idx), task_idx,
+                              initial, final, req.final_answer)
+        lease.touch()
+        self.metrics.verifications.labels(lease.env, result.outcome).inc()
+        return result
+
+    async def batch_call(self, items: list[BatchItem]) -> list[BatchResult]:
+        """Many leases' calls; calls on different leases run concurrently, one lease's in order."""
+        async def one(item: BatchItem) -> BatchResult:
+            try:
+                lease = self.lease(item.env, item.lease_id, item.token)
+            except EnvfarmError as exc:
+                return BatchResult(lease_id=item.lease_id, error=BatchError(
+                    kind=exc.kind.value, message=exc.message, status=exc.status_code))
+            return BatchResult(lease_id=item.lease_id,
+                               result=await self.call(lease, item.tool, item.arguments))
+
+        return list(await asyncio.gather(*(one(i) for i in items)))

@@ -1,0 +1,124 @@
+"""The one place where farm errors become HTTP responses, and the request-size guard.
+
+Each error class carries its status in ``envfarm.errors`` (the table both the server and the
+SDK read); this module only renders ``{"error": {kind, message, ...}}`` bodies.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from envfarm.errors import EnvfarmError, ErrorKind
+from envfarm.farm._errors import BadRequest, PayloadTooLarge
+
+_STATUS_KINDS = {401: ErrorKind.unauthorized, 403: ErrorKind.forbidden, 404: ErrorKind.not_found,
+                 410: ErrorKind.gone, 503: ErrorKind.unavailable}
+
+
+def error_response(exc: EnvfarmError) -> JSONResponse:
+    status = exc.status_code if exc.status_code >= 400 else 500
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers)
+
+
+def error_body(status: int, kind: ErrorKind, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind.value, "message": message, **extra}},
+                        status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(EnvfarmError)
+    async def _farm(_: Request, exc: EnvfarmError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+                  for e in exc.errors()]
+        return error_response(BadRequest(_summarize(errors), errors=errors))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_KINDS.get(exc.status_code, ErrorKind.invalid_request)
+        return error_body(exc.status_code, kind, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        return error_body(500, ErrorKind.internal, f"internal error: {type(exc).__name__}")
+
+
+def _summarize(errors: list[dict[str, Any]]) -> str:
+    parts = [f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5]]
+    return "invalid request: " + "; ".join(parts)
+
+
+class BodyLimit:
+    """Answer 413 to bodies over ``limit`` bytes, declared or streamed, before any handler runs."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.limit:
+                    await self._reject(scope, receive, send)
+                    return
+        if not any(k == b"content-length" for k, _ in scope.get("headers", ())):
+            # Streamed body of unknown size: read it here (at most limit + 1 chunk), so an
+            # oversized one gets a clean 413 before any handler starts parsing.
+            body, more = [], True
+            seen = 0
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                body.append(message.get("body", b""))
+                seen += len(body[-1])
+                more = message.get("more_body", False)
+                if seen > self.limit:
+                    await self._reject(scope, receive, send)
+                    return
+            buffered = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
+
+            async def replay() -> Message:
+                return buffered.pop() if buffered else await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _message(self) -> str:
+        return f"request body is over the {self.limit} byte limit"
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(PayloadTooLarge(self._message(), limit=self.limit))
+        await response(scope, receive, send)
+
+
+def bearer(request: Request) -> str | None:
+    """The bearer token of a request, or None."""
+    value = request.headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def dumps(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), default=str).encode()

@@ -1,0 +1,90 @@
+"""MCP per lease: ``/envs/{env}/leases/{id}/mcp`` speaks streamable HTTP (stateless, JSON).
+
+One FastMCP server per env carries the env's tools; the lease comes from the request: the
+endpoint checks the lease and its bearer token, puts the lease in the ASGI scope, and the tool
+reads it back from the current HTTP request. Tool calls go through ``FarmCore.call``, so MCP and
+the HTTP API see (and change) the same instance.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_http_request
+from fastmcp.tools.base import Tool, ToolResult
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from envfarm.errors import EnvfarmError
+from envfarm.farm._core import FarmCore, Lease
+from envfarm.farm._http import bearer, error_response
+from envfarm.models import ToolSpec
+
+_LEASE_KEY = "envfarm.lease"
+
+
+class _LeaseTool(Tool):
+    """An env tool whose calls go to the lease named by the current HTTP request."""
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        scope = get_http_request().scope
+        core: FarmCore = scope[_LEASE_KEY + ".core"]
+        lease: Lease = scope[_LEASE_KEY]
+        res = await core.call(lease, self.name, arguments)
+        if res.ok:
+            structured = res.result if isinstance(res.result, dict) else {"result": res.result}
+            return ToolResult(content=json.dumps(res.result, default=str),
+                              structured_content=structured)
+        error = res.error.model_dump() if res.error else {"kind": "env_error", "message": "?"}
+        return ToolResult(content=f"{error['kind']}: {error['message']}", is_error=True)
+
+
+def _server(env: str, tools: list[ToolSpec]) -> FastMCP:
+    server = FastMCP(name=f"envfarm-{env}", on_duplicate="replace")
+    for spec in tools:
+        server.add_tool(_LeaseTool(name=spec.name, description=spec.description or spec.name,
+                                   parameters=spec.input_schema))
+    return server
+
+
+class LeaseMCP:
+    """The MCP endpoint of every lease of one farm core (one FastMCP app per env)."""
+
+    def __init__(self, core: FarmCore) -> None:
+        self.core = core
+        self.apps: dict[str, ASGIApp] = {}
+        self._lifespans: list[Any] = []
+        for env, runtime in core.runtimes.items():
+            app = _server(env, runtime.tools).http_app(
+                path="/", stateless_http=True, json_response=True, host_origin_protection=False)
+            self.apps[env] = app
+            self._lifespans.append(app)
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """Run every MCP app's session manager for the life of the farm app."""
+        async with AsyncExitStack() as stack:
+            for app in self._lifespans:
+                await stack.enter_async_context(app.router.lifespan_context(app))
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        params = scope.get("path_params", {})
+        env, lease_id = params.get("env", ""), params.get("lease_id", "")
+        try:
+            lease = self.core.lease(env, lease_id, bearer(request))
+        except EnvfarmError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        inner = dict(scope)
+        inner[_LEASE_KEY] = lease
+        inner[_LEASE_KEY + ".core"] = self.core
+        inner["path"] = "/"
+        inner["raw_path"] = b"/"
+        inner["root_path"] = ""
+        await self.apps[lease.env](inner, receive, send)

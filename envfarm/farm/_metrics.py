@@ -1,0 +1,82 @@
+"""Prometheus metrics of one farm process/replica, in a private registry (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from envfarm.farm._wire import PoolStats
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class _PoolCollector(Collector):
+    """Gauges read at scrape time, so they can never drift from the pools."""
+
+    def __init__(self, owner: str, pools: Callable[[], list[PoolStats]],
+                 leases: Callable[[], int]) -> None:
+        self.owner = owner
+        self.pools = pools
+        self.leases = leases
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        active = GaugeMetricFamily("envfarm_leases_active", "Leases currently held.",
+                                   labels=["owner"])
+        active.add_metric([self.owner], self.leases())
+        yield active
+        fams = {name: GaugeMetricFamily(f"envfarm_pool_{name}", f"Instances {name} per env.",
+                                        labels=["owner", "env"])
+                for name in ("free", "leased", "resetting")}
+        for st in self.pools():
+            for name, fam in fams.items():
+                fam.add_metric([self.owner, st.env], getattr(st, name))
+        yield from fams.values()
+
+
+class FarmMetrics:
+    def __init__(self, owner: str, pools: Callable[[], list[PoolStats]],
+                 leases: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_PoolCollector(owner, pools, leases))
+        self.calls = Counter("envfarm_calls", "Tool calls by outcome.",
+                             ["env", "outcome"], registry=self.registry)
+        self.call_latency = Histogram("envfarm_call_latency_seconds", "Tool call latency.",
+                                      ["env"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.lease_latency = Histogram("envfarm_lease_acquire_seconds", "Lease acquire latency.",
+                                       ["env"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.lease_events = Counter("envfarm_lease_events", "Lease lifecycle events.",
+                                    ["env", "event"], registry=self.registry)
+        self.verifications = Counter("envfarm_verifications", "Verifications by outcome.",
+                                     ["env", "outcome"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def merge_exposition(texts: list[bytes]) -> bytes:
+    """Merge Prometheus text from several replicas: one HELP/TYPE header per family, samples
+    grouped under it (the text format forbids a family appearing twice)."""
+    order: list[str] = []
+    headers: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for text in texts:
+        family = ""
+        for line in text.decode().splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split(" ", 3)[2]
+                if family not in headers:
+                    order.append(family)
+                    headers[family] = []
+                    samples[family] = []
+                if line not in headers[family]:
+                    headers[family].append(line)
+            elif line and not line.startswith("#"):
+                samples.setdefault(family, []).append(line)
+                if family not in headers:
+                    order.append(family)
+                    headers[family] = []
+    out = [line for f in order for line in headers[f] + samples[f]]
+    return ("\n".join(out) + "\n").encode()

@@ -1,0 +1,72 @@
+"""Lay a farm out as Serve applications: one per env at ``/envs/<env>`` (or one per pack of
+envs), plus the front app at ``/``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ray import serve
+from ray.serve.api import RunTarget
+from ray.serve.config import RequestRouterConfig
+
+from envfarm.catalog import Catalog, load_catalog
+from envfarm.farm import FarmConfig
+from envfarm.serve._deployments import Front, PoolReplica
+from envfarm.serve._options import DeploymentOptions, ServeOptions
+
+FRONT_APP = "envfarm"
+_ROUTER = RequestRouterConfig(request_router_class="envfarm.serve._router:LeaseRouter",
+                              request_routing_stats_period_s=1.0,
+                              request_routing_stats_timeout_s=1.0)
+
+
+@dataclass
+class AppPlan:
+    """One Serve application of the farm."""
+
+    name: str
+    envs: list[str]
+    route_prefix: str | None  # None: reached through the front app only (packed envs)
+    options: DeploymentOptions
+
+    @property
+    def deployment(self) -> str:
+        return "pool"
+
+
+def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = None
+         ) -> list[AppPlan]:
+    """Which envs go to which application (pure: no Ray needed)."""
+    catalog = catalog or load_catalog(config.catalog)
+    envs = config.envs if config.envs is not None else catalog.servable
+    envs = [catalog[e].name for e in envs]
+    if options.pack == 1:
+        return [AppPlan(name=f"env-{e}", envs=[e], route_prefix=f"/envs/{e}",
+                        options=options.for_env(e)) for e in envs]
+    packs = [envs[i:i + options.pack] for i in range(0, len(envs), options.pack)]
+    return [AppPlan(name=f"pack-{k}", envs=p, route_prefix=None, options=options.deployment)
+            for k, p in enumerate(packs)]
+
+
+def applications(config: FarmConfig, options: ServeOptions, plans: list[AppPlan]
+                 ) -> list[RunTarget]:
+    """Serve RunTargets for the plan, front app last (it needs the others' names)."""
+    targets = []
+    for p in plans:
+        dep = serve.deployment(PoolReplica, name=p.deployment,
+                               request_router_config=_ROUTER, **p.options.serve_kwargs())
+        app = dep.bind(config.with_envs(p.envs).model_dump())
+        targets.append(RunTarget(target=app, name=p.name, route_prefix=p.route_prefix))
+    routes = {e: [p.name, p.deployment] for p in plans for e in p.envs}
+    replicas = {p.name: _max_replicas(p.options) for p in plans}
+    front = serve.deployment(Front, name="front", num_replicas=options.front_replicas,
+                             max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+    targets.append(RunTarget(target=front.bind(config.model_dump(), routes, replicas),
+                             name=FRONT_APP, route_prefix="/"))
+    return targets
+
+
+def _max_replicas(options: DeploymentOptions) -> int:
+    if options.autoscaling_config:
+        return int(options.autoscaling_config.get("max_replicas", options.num_replicas))
+    return options.num_replicas

@@ -1,0 +1,73 @@
+"""The in-cluster path: a trainer inside the Ray cluster drives leases through DeploymentHandles,
+skipping Serve's HTTP proxy (the bottleneck on small machines)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from ray import serve
+
+from envfarm.errors import EnvfarmError, EnvNotFound
+from envfarm.farm import BatchResult, CallResponse, LeaseInfo, ReleaseResponse, owner_of
+from envfarm.serve._build import FRONT_APP
+from envfarm.serve._handles import fresh_call
+
+
+class InClusterFarm:
+    """Leases and calls over DeploymentHandles, owner-routed like HTTP requests."""
+
+    def __init__(self, routes: dict[str, tuple[str, str]]) -> None:
+        self.routes = routes
+        self._handles: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    async def connect(cls) -> InClusterFarm:
+        """Ask the running farm's front app where every env's pool lives."""
+        front = serve.get_deployment_handle("front", app_name=FRONT_APP)
+        routes = await fresh_call(front.routes_table)
+        return cls({env: (where[0], where[1]) for env, where in routes.items()})
+
+    def _handle(self, env: str) -> Any:
+        where = self.routes.get(env)
+        if where is None:
+            raise EnvNotFound(f"env {env!r} is not served by this farm", env=env)
+        if where not in self._handles:
+            self._handles[where] = serve.get_deployment_handle(where[1], app_name=where[0])
+        return self._handles[where]
+
+    async def lease(self, env: str, **request: Any) -> LeaseInfo:
+        data = await fresh_call(self._handle(env).create_lease, env, request, owner=None)
+        return LeaseInfo.model_validate(data)
+
+    async def release(self, lease: LeaseInfo) -> ReleaseResponse:
+        data = await fresh_call(self._handle(lease.env).release, lease.env, lease.lease_id,
+                            lease.token, owner=owner_of(lease.lease_id))
+        return ReleaseResponse.model_validate(data)
+
+    async def call_many(self, calls: list[tuple[LeaseInfo, str, dict[str, Any]]]
+                        ) -> list[BatchResult]:
+        """Many leases' calls: one handle request per owner replica, run concurrently."""
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for i, (lease, _, _) in enumerate(calls):
+            groups[(lease.env, owner_of(lease.lease_id))].append(i)
+        results: list[BatchResult | None] = [None] * len(calls)
+
+        async def one(env: str, owner: str, idx: list[int]) -> None:
+            items = [{"env": env, "lease_id": calls[i][0].lease_id, "token": calls[i][0].token,
+                      "tool": calls[i][1], "arguments": calls[i][2]} for i in idx]
+            out = await fresh_call(self._handle(env).batch_call, items, owner=owner)
+            for i, res in zip(idx, out):
+                results[i] = BatchResult.model_validate(res)
+
+        await asyncio.gather(*(one(e, o, idx) for (e, o), idx in groups.items()))
+        return [r for r in results if r is not None]
+
+    async def call(self, lease: LeaseInfo, tool: str, arguments: dict[str, Any] | None = None
+                   ) -> CallResponse:
+        (res,) = await self.call_many([(lease, tool, arguments or {})])
+        if res.result is None:
+            err = res.error
+            raise EnvfarmError(err.message if err else "call failed")
+        return res.result

@@ -1,0 +1,57 @@
+"""Serve-side options: replicas/autoscaling per env, packing, where the proxy listens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DeploymentOptions(BaseModel):
+    """Replicas of one env's (or one pack's) deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int = Field(default=1, ge=1, le=1000,
+                              description="Fixed replica count (ignored with autoscaling).")
+    autoscaling_config: dict[str, Any] | None = Field(
+        default=None, description="Serve autoscaling_config (min_replicas, max_replicas, ...).")
+    max_ongoing_requests: int = Field(default=512, ge=1,
+                                      description="Concurrent requests per replica.")
+    num_cpus: float = Field(default=0.0, ge=0,
+                            description="CPUs reserved per replica (0: share the machine).")
+
+    def serve_kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"max_ongoing_requests": self.max_ongoing_requests,
+                               "ray_actor_options": {"num_cpus": self.num_cpus}}
+        if self.autoscaling_config is not None:
+            out["autoscaling_config"] = self.autoscaling_config
+        else:
+            out["num_replicas"] = self.num_replicas
+        return out
+
+
+class ServeOptions(BaseModel):
+    """How the farm is laid out on Ray Serve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Where Serve's HTTP proxy binds.")
+    port: int = Field(default=8000, ge=0, le=65535)
+    pack: int = Field(default=1, ge=1, le=1000,
+                      description="Env types per deployment; >1 packs several envs into one "
+                                  "deployment (reached through the front app).")
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    per_env: dict[str, DeploymentOptions] = Field(default_factory=dict,
+                                                  description="Overrides by env (pack=1 only).")
+    front_replicas: int = Field(default=1, ge=1, description="Replicas of the front app.")
+    num_cpus: int | None = Field(default=None, ge=1, description="ray.init num_cpus.")
+
+    @model_validator(mode="after")
+    def _per_env_needs_no_pack(self) -> ServeOptions:
+        if self.per_env and self.pack > 1:
+            raise ValueError("per-env deployment options need pack=1")
+        return self
+
+    def for_env(self, env: str) -> DeploymentOptions:
+        return self.per_env.get(env, self.deployment)

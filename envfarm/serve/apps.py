@@ -1,0 +1,75 @@
+"""Serve application builders for config-file deploys (``serve deploy``, KubeRay RayService).
+
+``import_path: envfarm.serve.apps:pool_app`` with ``args`` as in ``PoolAppArgs``; the front app
+likewise with ``FrontAppArgs``. ``serve_config()`` writes the whole farm as a Serve config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.serve import Application
+
+from envfarm.catalog import load_catalog
+from envfarm.farm import FarmConfig
+from envfarm.serve._build import _ROUTER, FRONT_APP, _max_replicas, plan
+from envfarm.serve._deployments import Front, PoolReplica
+from envfarm.serve._options import DeploymentOptions, ServeOptions
+
+
+class PoolAppArgs(BaseModel):
+    """``args`` of a pool application: the farm config for the envs it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    farm: FarmConfig = Field(description="Catalog, envs, pool sizes, lease policy.")
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+
+class FrontAppArgs(BaseModel):
+    """``args`` of the front application."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    farm: FarmConfig
+    routes: dict[str, list[str]] = Field(description="env -> [app name, deployment name].")
+    replicas: dict[str, int] = Field(default_factory=dict, description="app -> replicas.")
+
+
+def pool_app(args: dict[str, Any]) -> Application:
+    a = PoolAppArgs.model_validate(args)
+    dep = serve.deployment(PoolReplica, name="pool", request_router_config=_ROUTER,
+                           **a.deployment.serve_kwargs())
+    return dep.bind(a.farm.model_dump())
+
+
+def front_app(args: dict[str, Any]) -> Application:
+    a = FrontAppArgs.model_validate(args)
+    dep = serve.deployment(Front, name="front", max_ongoing_requests=1024,
+                           ray_actor_options={"num_cpus": 0})
+    return dep.bind(a.farm.model_dump(), a.routes, a.replicas)
+
+
+def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
+    """The farm as a Serve config file (the ``serveConfigV2`` of a RayService)."""
+    plans = plan(config, options, load_catalog(config.catalog))
+    apps: list[dict[str, Any]] = []
+    for p in plans:
+        app: dict[str, Any] = {
+            "name": p.name, "import_path": "envfarm.serve.apps:pool_app",
+            "args": PoolAppArgs(farm=config.with_envs(p.envs),
+                                deployment=p.options).model_dump(mode="json",
+                                                                 exclude_defaults=True)}
+        if p.route_prefix:
+            app["route_prefix"] = p.route_prefix
+        apps.append(app)
+    front = FrontAppArgs(farm=config, routes={e: [p.name, p.deployment] for p in plans
+                                              for e in p.envs},
+                         replicas={p.name: _max_replicas(p.options) for p in plans})
+    apps.append({"name": FRONT_APP, "route_prefix": "/", "import_path":
+                 "envfarm.serve.apps:front_app",
+                 "args": front.model_dump(mode="json", exclude_defaults=True)})
+    return {"http_options": {"host": options.host, "port": options.port},
+            "applications": apps}

@@ -1,0 +1,159 @@
+"""The SDK against a real farm app: episodes, typed errors, safe retries, the sync wrapper."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from envfarm.client import (
+    AgentError,
+    ASGITransport,
+    EnvError,
+    Farm,
+    LeaseForbidden,
+    LeaseLost,
+    LeaseNotFound,
+    PoolExhausted,
+    Reply,
+    SyncFarm,
+    TransportError,
+    reference_episode,
+)
+from envfarm.errors import EnvNotFound
+from envfarm.farm import FarmConfig, FarmCore, LocalFarm, PoolConfig, build_app
+from tests.farm.conftest import lifespan_running
+
+ENV = "hotel_booking_1"
+
+
+@pytest.fixture
+async def farm(bundled_catalog, hotel_runtime) -> AsyncIterator[Farm]:
+    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2, max_instances=3)),
+                    catalog=bundled_catalog, runtimes={ENV: hotel_runtime})
+    app = build_app(core)
+    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as f:
+        yield f
+
+
+async def test_reference_episode(farm, bundled_catalog):
+    report = await reference_episode(farm, ENV, 0, bundled_catalog[ENV].solutions[0])
+    assert report.verdict.reward == 1.0 and report.release == "closed"
+    assert all(step.ok for step in report.steps) and report.tools > 10
+
+
+async def test_lease_context_calls_and_releases(farm):
+    async with farm.lease(ENV, task_idx=1) as lease:
+        assert lease.info.task
+        made = await lease.call("create_wishlist", {"name": "sdk"})
+        assert made["name"] == "sdk"
+        with pytest.raises(AgentError):
+            await lease.call("no_such_tool")
+        res = await lease.call_result("get_reservation", {"reservation_id": 424242})
+        assert not res.ok and res.error.kind == "agent_error"
+        await lease.reset()
+        snap = await lease.snapshot()
+        assert snap.startswith(b"SQLite format 3")
+    assert lease.released
+    with pytest.raises(LeaseLost):
+        await lease.tools()
+
+
+async def test_typed_errors(farm):
+    with pytest.raises(EnvNotFound):
+        await farm.acquire("nope_env")
+    lease = await farm.acquire(ENV)
+    lease.info = lease.info.model_copy(update={"token": "wrong"})
+    with pytest.raises(LeaseForbidden):
+        await lease.tools()
+    ghost = lease.info.model_copy(update={"lease_id": lease.lease_id.split("-")[0] + "-00aa"})
+    lease.info = ghost
+    with pytest.raises(LeaseNotFound):
+        await lease.tools()
+
+
+async def test_pool_exhausted_is_typed(farm):
+    held = [await farm.acquire(ENV) for _ in range(3)]
+    with pytest.raises(PoolExhausted):
+        await farm.acquire(ENV)
+    await held[0].release()
+    await asyncio.sleep(0.02)
+    again = await farm.acquire(ENV, wait_s=1.0)
+    assert again.lease_id not in {h.lease_id for h in held}
+
+
+async def test_batch_call(farm):
+    a, b = await farm.acquire(ENV), await farm.acquire(ENV)
+    out = await farm.batch_call([(a, "list_wishlists", {}), (b, "nope", {})])
+    assert out[0].ok and out[1].error.kind == "agent_error"
+    await b.release()
+    out = await farm.batch_call([(b, "list_wishlists", {})])
+    assert isinstance(out[0], LeaseLost)
+
+
+class _Flaky:
+    """A transport whose first n requests never leave (connect errors)."""
+
+    def __init__(self, inner, failures: int) -> None:
+        self.inner, self.failures, self.seen = inner, failures, []
+
+    async def request(self, method, path, *, json=None, headers=None) -> Reply:
+        self.seen.append((method, path))
+        if self.failures:
+            self.failures -= 1
+            raise TransportError("connect refused", sent=False)
+        return await self.inner.request(method, path, json=json, headers=headers)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Lost(_Flaky):
+    """A transport that loses the reply of the first n requests (they may have run)."""
+
+    async def request(self, method, path, *, json=None, headers=None) -> Reply:
+        self.seen.append((method, path))
+        reply = await self.inner.request(method, path, json=json, headers=headers)
+        if self.failures:
+            self.failures -= 1
+            raise TransportError("read timeout", sent=True)
+        return reply
+
+
+async def test_retries_only_where_safe(bundled_catalog, hotel_runtime):
+    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2)), catalog=bundled_catalog,
+                    runtimes={ENV: hotel_runtime})
+    inner = ASGITransport(build_app(core))
+    async with Farm("http://farm", transport=_Flaky(inner, 2), backoff_s=0) as farm:
+        lease = await farm.acquire(ENV)  # retried twice: nothing had left
+        assert len(farm.transport.seen) == 3
+    lost = _Lost(ASGITransport(build_app(core)), 1)
+    async with Farm("http://farm", transport=lost, backoff_s=0) as farm:
+        lease = await farm.acquire(ENV)  # may have run: retried with the same idempotency key
+        assert len(core.leases) == 2  # the first lease + this one, not a third
+        lost.failures = 1
+        with pytest.raises(TransportError):  # a tool call that may have run is not retried
+            await lease.call("create_wishlist", {"name": "once"})
+        assert [p for _, p in lost.seen].count(lease.path + "/call") == 1
+
+
+@pytest.fixture(scope="module")
+def local_farm(bundled_catalog) -> Iterator[LocalFarm]:
+    with LocalFarm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2))) as running:
+        yield running
+
+
+def test_sync_wrapper_over_real_http(local_farm):
+    with SyncFarm(local_farm.url) as farm:
+        assert ENV in {e.name for e in farm.envs()}
+        with farm.lease(ENV, task_idx=0) as lease:
+            assert lease.call("create_wishlist", {"name": "sync"})["name"] == "sync"
+            assert lease.verify().reward == 0.0
+            with pytest.raises(EnvError.__mro__[1]):  # ToolCallError: agent or env error
+                lease.call("get_reservation", {"reservation_id": 10**9})
+
+
+async def test_sync_wrapper_refuses_inside_a_loop(local_farm):
+    with pytest.raises(RuntimeError, match="event loop"):
+        SyncFarm(local_farm.url)

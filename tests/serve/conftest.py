@@ -1,0 +1,61 @@
+"""One Serve farm shared by every Ray test of this package (Ray starts once: ~20 s here)."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+# Ray Serve 2.60 trips pydantic's deprecation warnings at import time (its own models); the suite
+# turns warnings into errors, so import it once here with them silenced.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import ray.serve  # noqa: F401
+
+ENV = "hotel_booking_1"
+REPLICAS = 3
+
+
+def _only_loopback() -> bool:
+    return {name for _, name in socket.if_nameindex()} <= {"lo"}
+
+
+def _start(config, options):
+    if not _only_loopback():
+        pytest.skip("Ray tests run inside a private network namespace: "
+                    "unshare --net sh -c 'ip link set lo up && exec pytest ...'")
+    from envfarm.serve import start_farm
+
+    return start_farm(config, options)
+
+
+@pytest.fixture(scope="module")
+def serve_farm(bundled_catalog) -> Iterator[object]:
+    """One env on REPLICAS owner-routed replicas, plus the front app."""
+    from envfarm.farm import FarmConfig, PoolConfig, free_port
+    from envfarm.serve import DeploymentOptions, ServeOptions
+
+    farm = _start(FarmConfig(envs=[ENV], pool=PoolConfig(warm=4)),
+                  ServeOptions(port=free_port(), num_cpus=2,
+                               deployment=DeploymentOptions(num_replicas=REPLICAS)))
+    try:
+        yield farm
+    finally:
+        farm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def packed_farm(bundled_catalog) -> Iterator[object]:
+    """Every bundled env packed into one deployment of 2 replicas, reached through the front."""
+    from envfarm.farm import FarmConfig, PoolConfig, free_port
+    from envfarm.serve import DeploymentOptions, ServeOptions
+
+    farm = _start(FarmConfig(pool=PoolConfig(warm=2)),
+                  ServeOptions(port=free_port(), num_cpus=2, pack=3,
+                               deployment=DeploymentOptions(num_replicas=2)))
+    try:
+        yield farm
+    finally:
+        farm.shutdown()

@@ -1,0 +1,152 @@
+"""The farm on Ray Serve: owner routing over several replicas, batched path, MCP, the SDK, and a
+replica killed mid-episode."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from envfarm.client import Farm, LeaseLost, reference_episode
+from tests.serve.conftest import ENV, REPLICAS
+
+pytestmark = pytest.mark.ray
+
+
+def _auth(info: dict) -> dict[str, str]:
+    return {"Authorization": f"Bearer {info['token']}"}
+
+
+async def test_owner_routing_keeps_leases_isolated(serve_farm):
+    n = 54
+    async with httpx.AsyncClient(base_url=serve_farm.url, timeout=60) as c:
+        infos = [(await c.post(f"/envs/{ENV}/leases", json={})).json() for _ in range(n)]
+        owners = {i["lease_id"].split("-")[0] for i in infos}
+        assert len(owners) >= REPLICAS, f"leases landed on {owners}"
+
+        async def episode(info: dict) -> set[str]:
+            path = f"/envs/{ENV}/leases/{info['lease_id']}"
+            r = await c.post(path + "/call", headers=_auth(info), json={
+                "tool": "create_wishlist", "arguments": {"name": info["lease_id"]}})
+            assert r.status_code == 200 and r.json()["ok"], r.text
+            r = await c.post(path + "/call", headers=_auth(info), json={"tool": "list_wishlists"})
+            return {w["name"] for w in r.json()["result"]["wishlists"]}
+
+        seen = await asyncio.gather(*(episode(i) for i in infos))
+        ids = {i["lease_id"] for i in infos}
+        for info, names in zip(infos, seen):
+            assert info["lease_id"] in names
+            assert not (names & ids) - {info["lease_id"]}, "a lease saw another lease's state"
+        for info in infos:
+            r = await c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=_auth(info))
+            assert r.json()["status"] == "closed"
+
+
+async def test_batched_path_and_metrics_through_the_front(serve_farm):
+    async with Farm(serve_farm.url) as farm:
+        leases = [await farm.acquire(ENV) for _ in range(9)]
+        out = await farm.batch_call([(lease, "list_wishlists", {}) for lease in leases])
+        assert all(r.ok for r in out)
+        async with httpx.AsyncClient(base_url=serve_farm.url) as c:
+            text = (await c.get("/metrics")).text
+            assert text.count("# TYPE envfarm_leases_active gauge") == 1
+            owners = {lease.lease_id.split("-")[0] for lease in leases}
+            assert all(f'owner="{o}"' in text for o in owners)
+            assert (await c.get("/envs")).json()
+        for lease in leases:
+            await lease.release()
+
+
+async def test_sdk_and_mcp_episodes_through_serve(serve_farm, bundled_catalog):
+    from fastmcp import Client
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    async with Farm(serve_farm.url) as farm:
+        report = await reference_episode(farm, ENV, 0, bundled_catalog[ENV].solutions[0])
+        assert report.verdict.reward == 1.0
+        async with farm.lease(ENV) as lease:
+            transport = StreamableHttpTransport(lease.mcp_url,
+                                                headers={"Authorization": f"Bearer {lease.token}"})
+            async with Client(transport) as mcp:
+                assert "create_wishlist" in {t.name for t in await mcp.list_tools()}
+                res = await mcp.call_tool("create_wishlist", {"name": "mcp-on-serve"})
+                assert not res.is_error
+            names = {w["name"] for w in (await lease.call("list_wishlists"))["wishlists"]}
+            assert "mcp-on-serve" in names
+
+
+async def test_in_cluster_path_through_handles(serve_farm):
+    from envfarm.serve import InClusterFarm
+
+    farm = await InClusterFarm.connect()
+    leases = [await farm.lease(ENV) for _ in range(6)]
+    results = await farm.call_many([(lease, "create_wishlist", {"name": lease.lease_id})
+                                    for lease in leases])
+    assert all(r.result is not None and r.result.ok for r in results)
+    listed = await farm.call(leases[0], "list_wishlists")
+    names = {w["name"] for w in listed.result["wishlists"]}
+    assert leases[0].lease_id in names and leases[1].lease_id not in names
+    released = [(await farm.release(lease)).status.value for lease in leases]
+    assert released == ["closed"] * len(leases)
+
+
+def test_front_serves_the_whole_openapi(serve_farm):
+    schema = httpx.get(serve_farm.url + "/openapi.json").json()
+    assert "/envs/{env}/leases/{lease_id}/call" in schema["paths"]
+    assert "/envs/{env}/owners/{owner}/batch" in schema["paths"]
+    assert httpx.get(serve_farm.url + "/docs").status_code == 200
+
+
+async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
+    from ray import serve
+
+    handle = serve.get_deployment_handle("pool", app_name=f"env-{ENV}")
+    replicas = {}
+    for i in range(REPLICAS):
+        who = await handle.whoami.remote(owner=f"#{i}")
+        replicas[who["owner"]] = who["pid"]
+    async with httpx.AsyncClient(base_url=serve_farm.url, timeout=30) as c:
+        infos = [(await c.post(f"/envs/{ENV}/leases", json={})).json() for _ in range(12)]
+        by_owner: dict[str, list[dict]] = {}
+        for info in infos:
+            by_owner.setdefault(info["lease_id"].split("-")[0], []).append(info)
+        assert len(by_owner) >= 2
+        victim, survivor = list(by_owner)[:2]
+        os.kill(replicas[victim], signal.SIGKILL)  # a replica process Ray started for this test
+
+        lost = by_owner[victim][0]
+        statuses = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = await c.post(f"/envs/{ENV}/leases/{lost['lease_id']}/call", headers=_auth(lost),
+                             json={"tool": "list_wishlists"})
+            statuses.append(r.status_code)
+            if r.status_code == 410:
+                break
+            await asyncio.sleep(0.5)
+        assert statuses[-1] == 410, statuses
+        assert 200 not in statuses, "a lost lease must never see a fresh state"
+        assert "gone" in r.json()["error"]["message"]
+
+        for info in by_owner[victim][1:]:  # every lease of the dead replica: 410
+            r = await c.get(f"/envs/{ENV}/leases/{info['lease_id']}/tools", headers=_auth(info))
+            assert r.status_code == 410
+
+        alive = by_owner[survivor][0]
+        r = await c.post(f"/envs/{ENV}/leases/{alive['lease_id']}/call", headers=_auth(alive),
+                         json={"tool": "list_wishlists"})
+        assert r.status_code == 200 and r.json()["ok"]
+        r = await c.post(f"/envs/{ENV}/leases", json={})
+        assert r.status_code == 201
+
+    async with Farm(serve_farm.url) as farm:
+        lease = await farm.acquire(ENV)
+        await lease.tools()
+        ghost = lease.info.model_copy(update={"lease_id": f"{victim}-00ff"})
+        lease.info = ghost
+        with pytest.raises(LeaseLost):
+            await lease.tools()
