@@ -55,27 +55,10 @@ def build_template(
                 errors.append(f"DDL for {table.name}: {exc}")
     if before_inserts is not None:
         before_inserts(conn)
-    conn.execute("PRAGMA foreign_keys=ON")
-    pending = [
-        (t.table_name, sql)
-        for t in _fk_order(conn, sample_data.tables if sample_data else [])
-        for sql in t.insert_statements
-    ]
-    statements += len(pending)
-    # Retry failures once more after everything else: sample data is not always FK-ordered
-    # within a table, and a later row may satisfy an earlier one's reference.
-    for attempt in range(2):
-        failed = []
-        for table_name, sql in pending:
-            try:
-                conn.execute(sql)
-            except sqlite3.Error as exc:
-                failed.append((table_name, sql, exc))
-        conn.commit()
-        pending = [(t, s) for t, s, _ in failed]
-        if not failed or attempt == 1:
-            errors += [f"INSERT into {t}: {exc}" for t, _, exc in failed]
-            break
+    inserts = execute_inserts(
+        conn, [(t.table_name, t.insert_statements) for t in sample_data.tables] if sample_data else [])
+    statements += inserts.total
+    errors += [f"INSERT into {t}: {exc}" for t, _, _, exc in inserts.failed]
     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' "
                                          "AND name NOT LIKE 'sqlite_%'")]
     rows = sum(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in tables)
@@ -85,26 +68,60 @@ def build_template(
     return TemplateBuild(conn.serialize(), errors, statements, len(tables), rows)
 
 
-def _fk_order(conn: sqlite3.Connection, samples: list) -> list:
-    """Order sample tables so referenced tables come first (cycles keep their given order)."""
-    names = {s.table_name for s in samples}
+@dataclass
+class InsertRun:
+    """What ``execute_inserts`` did: which statements ran, which failed and why."""
+
+    ok: set[tuple[str, int]] = field(default_factory=set)  # (table, index in its list)
+    failed: list[tuple[str, int, str, sqlite3.Error]] = field(default_factory=list)
+    total: int = 0
+
+
+def execute_inserts(conn: sqlite3.Connection, tables: list[tuple[str, list[str]]]) -> InsertRun:
+    """Run INSERTs with ``PRAGMA foreign_keys=ON``, referenced tables first, committing each pass.
+
+    Failed statements get further passes while any pass makes progress: sample data is not always
+    FK-ordered within a table, and a later row may satisfy an earlier one's reference.
+    """
+    conn.execute("PRAGMA foreign_keys=ON")
+    run = InsertRun()
+    pending = [(name, i, sql) for name, stmts in _fk_order(conn, tables)
+               for i, sql in enumerate(stmts)]
+    run.total = len(pending)
+    while pending:
+        failed = []
+        for name, i, sql in pending:
+            try:
+                conn.execute(sql)
+                run.ok.add((name, i))
+            except sqlite3.Error as exc:
+                failed.append((name, i, sql, exc))
+        conn.commit()
+        if len(failed) == len(pending):
+            run.failed = failed
+            break
+        pending = [(name, i, sql) for name, i, sql, _ in failed]
+    return run
+
+
+def _fk_order(conn: sqlite3.Connection, tables: list[tuple[str, list[str]]]) -> list:
+    """Order tables so referenced ones come first (cycles keep their given order)."""
+    names = {name for name, _ in tables}
     deps: dict[str, set[str]] = {}
-    for s in samples:
+    for name, _ in tables:
         try:
-            refs = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list(\"{_ident(s.table_name)}\")")}
+            refs = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list(\"{_ident(name)}\")")}
         except sqlite3.Error:
             refs = set()
-        deps[s.table_name] = {r for r in refs if r in names and r != s.table_name}
+        deps[name] = {r for r in refs if r in names and r != name}
     ordered, done = [], set()
-    remaining = list(samples)
+    remaining = list(tables)
     while remaining:
-        ready = [s for s in remaining if deps[s.table_name] <= done]
-        if not ready:  # a cycle: take the next one as given
-            ready = [remaining[0]]
-        for s in ready:
-            ordered.append(s)
-            done.add(s.table_name)
-            remaining.remove(s)
+        ready = [t for t in remaining if deps[t[0]] <= done] or [remaining[0]]
+        for t in ready:
+            ordered.append(t)
+            done.add(t[0])
+            remaining.remove(t)
     return ordered
 
 

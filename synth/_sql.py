@@ -9,6 +9,7 @@ from typing import Any
 
 from envfarm import build_template
 from envfarm.models import DBSchema, SampleData
+from envfarm.template import execute_inserts
 
 _INDEX_NAME = re.compile(r"create\s+(?:unique\s+)?index\s+(?:if\s+not\s+exists\s+)?[\"`\[]?(\w+)", re.I)
 
@@ -68,26 +69,12 @@ def run_inserts(db_tables: list[dict[str, Any]], sample_tables: list[dict[str, A
     schema = DBSchema.model_validate({"tables": db_tables})
     conn = sqlite3.connect(":memory:")
     conn.deserialize(build_template(schema, None).data)
-    conn.execute("PRAGMA foreign_keys=ON")
     run = InsertRun()
-    ordered = _fk_order(conn, sample_tables)
-    pending = [(t["table_name"], i, sql) for t in ordered for i, sql in enumerate(t.get("insert_statements", []))]
-    run.total = len(pending)
-    ok: set[tuple[str, int]] = set()
-    for final_pass in (False, True):  # a second pass: rows may reference later rows of the same table
-        failed = []
-        for table, i, sql in pending:
-            try:
-                conn.execute(sql)
-                ok.add((table, i))
-            except sqlite3.Error as exc:
-                failed.append((table, i, sql, exc))
-        conn.commit()
-        pending = [(t, i, s) for t, i, s, _ in failed]
-        if final_pass or not failed:
-            run.failed = len(failed)
-            run.errors = [f"INSERT into {t} failed ({exc}): {s[:300]}" for t, _, s, exc in failed]
-            break
+    done = execute_inserts(conn, [(t["table_name"], t.get("insert_statements", []))
+                                  for t in sample_tables])
+    ok = done.ok
+    run.total, run.failed = done.total, len(done.failed)
+    run.errors = [f"INSERT into {t} failed ({exc}): {s[:300]}" for t, _, s, exc in done.failed]
     run.kept = [
         {"table_name": t["table_name"], "reasoning": t.get("reasoning", ""),
          "insert_statements": [s for i, s in enumerate(t.get("insert_statements", [])) if (t["table_name"], i) in ok]}
@@ -100,25 +87,6 @@ def run_inserts(db_tables: list[dict[str, Any]], sample_tables: list[dict[str, A
     run.failed += len(check.errors)
     conn.close()
     return run
-
-
-def _fk_order(conn: sqlite3.Connection, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    names = {t["table_name"] for t in tables}
-    deps = {}
-    for t in tables:
-        try:
-            refs = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list(\"{t['table_name'].replace(chr(34), '')}\")")}
-        except sqlite3.Error:
-            refs = set()
-        deps[t["table_name"]] = {r for r in refs if r in names and r != t["table_name"]}
-    ordered, done, remaining = [], set(), list(tables)
-    while remaining:
-        ready = [t for t in remaining if deps[t["table_name"]] <= done] or [remaining[0]]
-        for t in ready:
-            ordered.append(t)
-            done.add(t["table_name"])
-            remaining.remove(t)
-    return ordered
 
 
 def ddl_text(db_tables: list[dict[str, Any]]) -> str:

@@ -13,12 +13,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from envfarm.template import execute_inserts
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
 from synth._jsonl import JsonlStore
 from synth._parse import ParseError, extract_json
-from synth._sql import _fk_order, ddl_text, run_inserts
+from synth._sql import ddl_text, run_inserts
 
 
 async def run_sample(ctx: RunContext, scenario: dict[str, Any]) -> bool:
@@ -150,27 +151,16 @@ def run_extra_inserts(data: bytes, tables: list[dict[str, Any]]) -> ExtraRows:
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(data)
-        conn.execute("PRAGMA foreign_keys=ON")
-        pending = []
-        for t in _fk_order(conn, out.tables):
+        for t in out.tables:
             for sql in t["insert_statements"]:
                 if not re.match(r"\s*insert\s", sql, re.IGNORECASE):
                     out.errors.append(f"not an INSERT (only new rows may be added): {sql[:300]}")
-                else:
-                    pending.append((t["table_name"], sql))
-        while pending:
-            failed = []
-            for table, sql in pending:
-                try:
-                    conn.execute(sql)
-                    out.rows += 1
-                except sqlite3.Error as exc:
-                    failed.append((table, sql, exc))
-            conn.commit()
-            if len(failed) == len(pending):
-                out.errors += [f"INSERT into {t} failed ({exc}): {s[:300]}" for t, s, exc in failed]
-                break
-            pending = [(t, s) for t, s, _ in failed]
+        if not out.errors:
+            done = execute_inserts(conn, [(t["table_name"], t["insert_statements"])
+                                          for t in out.tables])
+            out.rows = len(done.ok)
+            out.errors += [f"INSERT into {t} failed ({exc}): {s[:300]}"
+                           for t, _, s, exc in done.failed]
     finally:
         conn.close()
     if not out.tables:
