@@ -20,23 +20,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from envfarm.errors import VerifierError
+from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import Mode, detect
-
-DbInput = str | os.PathLike[str] | bytes
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 _NOBODY = 65534
@@ -250,137 +246,7 @@ class _Worker:
         self._to_child = self._from_child = -1
 
 
-class _Stager:
-    """Read-only copies of the databases, in a folder the workers can read but not write.
-
-    Byte inputs are content-addressed and kept (an LRU), since the same initial snapshot is
-    verified again and again; path inputs are kept while the file is unchanged (inode, size,
-    mtime), and copied per call when a -wal file says its content is not all in the file.
-    """
-
-    def __init__(self, keep: int = 64) -> None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.dir = tempfile.mkdtemp(prefix="envfarm-verifier-", dir=base)
-        os.chmod(self.dir, 0o711)  # workers (maybe uid nobody) may open known names, not list
-        self._keep = keep
-        self._cached: OrderedDict[str, str] = OrderedDict()
-        self._pins: dict[str, int] = {}
-        self._by_identity: dict[int, tuple[bytes, str]] = {}
-        self._lock = threading.Lock()
-        self._seq = 0
-
-    def _name(self) -> str:
-        with self._lock:
-            self._seq += 1
-            return os.path.join(self.dir, f"c{self._seq}-{os.urandom(4).hex()}.db")
-
-    def stage(self, db: DbInput) -> tuple[str, bool]:
-        """Return (path, is_cached). Raise ValueError on input that is no database."""
-        if isinstance(db, (bytes, bytearray, memoryview)):
-            data = bytes(db)
-            with self._lock:
-                # The same bytes object again (a template snapshot, say): skip hashing it.
-                known = self._by_identity.get(id(data))
-            if known is not None and known[0] is data:
-                key = known[1]
-            else:
-                key = hashlib.blake2b(data, digest_size=16).hexdigest()
-                with self._lock:
-                    self._by_identity[id(data)] = (data, key)  # the ref keeps id() unique
-                    while len(self._by_identity) > self._keep:
-                        self._by_identity.pop(next(iter(self._by_identity)))
-            with self._lock:
-                path = self._cached.get(key)
-                if path is not None:
-                    self._cached.move_to_end(key)
-                    self._pins[path] = self._pins.get(path, 0) + 1
-                    return path, True
-            path = os.path.join(self.dir, f"b{key}.db")
-            tmp = self._name()
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, path)
-            with self._lock:
-                self._cached[key] = path
-                self._pins[path] = self._pins.get(path, 0) + 1
-                self._evict()
-            return path, True
-        src = os.fspath(db)
-        if not os.path.isfile(src):
-            raise ValueError(f"no database file at {src!r}")
-        wal = os.path.exists(src + "-wal")
-        if not wal:
-            # An unchanged file (same inode, size and mtime) is staged once, like bytes are.
-            st = os.stat(src)
-            key = f"p{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
-            with self._lock:
-                path = self._cached.get(key)
-                if path is not None:
-                    self._cached.move_to_end(key)
-                    self._pins[path] = self._pins.get(path, 0) + 1
-                    return path, True
-            tmp = self._name()
-            shutil.copyfile(src, tmp)
-            os.chmod(tmp, 0o444)
-            if os.stat(src).st_mtime_ns != st.st_mtime_ns:
-                return tmp, False  # it changed while we copied: use this copy once
-            path = os.path.join(self.dir, f"{key}.db")
-            os.replace(tmp, path)
-            with self._lock:
-                self._cached[key] = path
-                self._pins[path] = self._pins.get(path, 0) + 1
-                self._evict()
-            return path, True
-        # Committed rows may still sit in the WAL; the backup API sees them, a copy would not.
-        dst = self._name()
-        with sqlite3.connect(f"file:{quote(src)}?mode=ro", uri=True) as s, \
-                sqlite3.connect(dst) as d:
-            s.backup(d)
-            d.execute("PRAGMA journal_mode=DELETE")
-        s.close()
-        d.close()
-        os.chmod(dst, 0o444)
-        return dst, False
-
-    def release(self, path: str, cached: bool) -> None:
-        if not cached:
-            _unlink(path)
-            return
-        with self._lock:
-            left = self._pins.get(path, 1) - 1
-            if left <= 0:
-                self._pins.pop(path, None)
-            else:
-                self._pins[path] = left
-            self._evict()
-
-    def _evict(self) -> None:
-        while len(self._cached) > self._keep:
-            for key, path in self._cached.items():
-                if path not in self._pins:
-                    del self._cached[key]
-                    _unlink(path)
-                    break
-            else:
-                return
-
-    def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _uri(path: str) -> str:
-    return f"file:{quote(path)}?mode=ro&immutable=1"
-
-
-def _shutdown(workers: list[_Worker], stager: _Stager) -> None:
+def _shutdown(workers: list[_Worker], stager: Stager) -> None:
     for w in list(workers):
         w.kill()
     stager.close()
@@ -398,7 +264,7 @@ class VerifierSandbox:
                  **options: Any) -> None:
         self.config = SandboxConfig(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
                                     **options)
-        self._stager = _Stager()
+        self._stager = Stager()
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -505,7 +371,7 @@ class VerifierSandbox:
                 "code": code, "func": spec.function, "mode": spec.mode,
                 "takes_answer": spec.takes_answer,
                 "initial": initial, "final": final,
-                "initial_uri": _uri(initial), "final_uri": _uri(final),
+                "initial_uri": ro_uri(initial), "final_uri": ro_uri(final),
                 "final_answer": final_answer,
                 "cpu_s": self.config.cpu_s or self.config.timeout_s,
             }
