@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MANIFEST = REPO / "k8s" / "rayservice.yaml"
 SCHEMA = REPO / "k8s" / "rayservice.schema.json"
 

@@ -4,7 +4,7 @@ with an empty database, communication_messaging_1 with tables from its ORM)."""
 from __future__ import annotations
 
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig
-from tests.farm.conftest import farm_client
+from tests.envfarm.farm.conftest import farm_client
 
 
 async def test_every_servable_awm_sample_leases_and_calls(awm_catalog):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-from tests.farm.conftest import ENV, new_lease
+from tests.envfarm.farm.conftest import ENV, new_lease
 
 
 async def test_episode_with_reference_solution_scores_one(client, bundled_catalog):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from envfarm import cli_farm
 from envfarm.farm import FarmConfig, LocalFarm, PoolConfig, free_port
-from tests.farm.conftest import ENV
+from tests.envfarm.farm.conftest import ENV
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from envfarm.client import Farm, LeaseLost, reference_episode
-from tests.serve.conftest import ENV, REPLICAS
+from tests.envfarm.serve.conftest import ENV, REPLICAS
 
 pytestmark = pytest.mark.ray
 

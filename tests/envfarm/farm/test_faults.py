@@ -8,7 +8,7 @@ import time
 import pytest
 
 from envfarm.farm import LeasePolicy, PoolConfig, build_app
-from tests.farm.conftest import ENV, farm_client, new_lease
+from tests.envfarm.farm.conftest import ENV, farm_client, new_lease
 
 
 async def test_unknown_env_and_lease(client):

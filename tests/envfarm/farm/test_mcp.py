@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from envfarm.farm import FarmConfig, LocalFarm, PoolConfig
-from tests.farm.conftest import ENV
+from tests.envfarm.farm.conftest import ENV
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from envfarm.client import (
 )
 from envfarm.errors import EnvNotFound
 from envfarm.farm import FarmConfig, FarmCore, LocalFarm, PoolConfig, build_app
-from tests.farm.conftest import lifespan_running
+from tests.envfarm.farm.conftest import lifespan_running
 
 ENV = "hotel_booking_1"
 

@@ -1,3 +1,0 @@
-"""The SDK tests reuse the farm tests' compiled env."""
-
-from tests.farm.conftest import hotel_runtime  # noqa: F401 - a fixture
