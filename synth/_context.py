@@ -85,7 +85,9 @@ class RunContext:
     def get_sandbox(self) -> Any:
         """The run's verifier sandbox (``judge.VerifierSandbox``), started on first use."""
         if self.sandbox is None:
-            from judge import VerifierSandbox  # the judge's sandbox: verifier code never runs here
+            from judge import (
+                VerifierSandbox,  # the judge's sandbox: verifier code never runs here
+            )
 
             self.sandbox = VerifierSandbox(workers=self.config.sandbox_workers, timeout_s=self.config.verifier_timeout_s)
         return self.sandbox

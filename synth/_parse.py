@@ -33,6 +33,14 @@ def extract_json(text: str) -> dict[str, Any]:
     raise ParseError(last_error)
 
 
+def extract_list(text: str, key: str) -> list[Any]:
+    """The non-empty list under ``key`` of the JSON object in ``text``; ParseError otherwise."""
+    value = extract_json(text).get(key)
+    if not isinstance(value, list) or not value:
+        raise ParseError(f'"{key}" must be a non-empty list')
+    return value
+
+
 def extract_code(text: str) -> str:
     """The longest fenced python block, or the whole text when there is no fence."""
     blocks = [body for lang, body in _FENCE.findall(text) if lang.lower() in ("", "python", "py")]

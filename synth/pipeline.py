@@ -145,6 +145,12 @@ async def run_pipeline(config: SynthConfig, llm: LLMClient | None, stages: Seque
 def _progress(config: SynthConfig) -> Any:
     if not config.progress:
         return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return Progress(TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

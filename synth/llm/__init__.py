@@ -8,7 +8,14 @@
 
 from synth.llm._accounting import UsageLedger
 from synth.llm._client import SCENARIO_HEADER, STAGE_HEADER, LLMClient
-from synth.llm._config import DEFAULT_PRICES, ENV_API_KEY, ENV_BASE_URL, ENV_MODEL, LLMConfig, Price
+from synth.llm._config import (
+    DEFAULT_PRICES,
+    ENV_API_KEY,
+    ENV_BASE_URL,
+    ENV_MODEL,
+    LLMConfig,
+    Price,
+)
 from synth.llm._types import ChatRequest, ChatResult, Recorded, Usage
 
 __all__ = [

@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 from envfarm.errors import LLMError
-
 from synth.llm._types import Recorded
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import openai
 
 from envfarm.errors import LLMError
-
 from synth.llm._accounting import UsageLedger
 from synth.llm._cache import ReplayFile, ResponseCache
 from synth.llm._config import ENV_BASE_URL, ENV_MODEL, LLMConfig

@@ -8,7 +8,7 @@ from typing import Any
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
-from synth._parse import ParseError, extract_json
+from synth._parse import ParseError, extract_list
 from synth._sql import run_ddl
 
 
@@ -19,11 +19,9 @@ async def run_db(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
     async def evaluate(text: str) -> Outcome:
         try:
-            tables = extract_json(text).get("tables")
+            tables = extract_list(text, "tables")
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        if not isinstance(tables, list) or not tables:
-            return Outcome(ok=False, errors=['"tables" must be a non-empty list'])
         bad = [t for t in tables if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("ddl"), str))]
         if bad:
             return Outcome(ok=False, errors=[f"every table needs a string name and ddl; bad entries: {str(bad)[:300]}"])

@@ -18,7 +18,7 @@ from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
 from synth._jsonl import JsonlStore
-from synth._parse import ParseError, extract_json
+from synth._parse import ParseError, extract_list
 from synth._sql import ddl_text, run_inserts
 
 
@@ -30,11 +30,9 @@ async def run_sample(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
     async def evaluate(text: str) -> Outcome:
         try:
-            tables = extract_json(text).get("tables")
+            tables = extract_list(text, "tables")
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        if not isinstance(tables, list) or not tables:
-            return Outcome(ok=False, errors=['"tables" must be a non-empty list'])
         tables = [
             {"table_name": str(t.get("table_name", "")), "reasoning": str(t.get("reasoning", "")),
              "insert_statements": [s for s in t.get("insert_statements", []) if isinstance(s, str)]}
