@@ -154,7 +154,7 @@ def _llm(mock_url: str) -> dict[str, Any]:
 
 
 async def bench_inprocess(n: int, latency: float) -> None:
-    from synth.llm import LLMClient, LLMConfig
+    from envfarm.llm import LLMClient, LLMConfig
 
     mock = _mock(latency)
     try:

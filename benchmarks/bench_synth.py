@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from synth.config import SCENARIO_STAGES, SynthConfig  # noqa: E402
-from synth.llm import LLMClient, LLMConfig  # noqa: E402
+from envfarm.llm import LLMClient, LLMConfig  # noqa: E402
 from synth.pipeline import run_pipeline  # noqa: E402
 from tests.fakes.mock_openai import MockOpenAI, SeenRequest  # noqa: E402
 from tests.synth.fixtures import library, recipes  # noqa: E402

@@ -1,13 +1,38 @@
 """envfarm: serve SQLite-backed tool-use environments to RL trainers.
 
-The runtime (this package minus ``envfarm.serve``) imports nothing from Ray.
+The runtime (this package minus ``envfarm.serve``) imports nothing from Ray. Names below load on
+first use (PEP 562), so ``import envfarm.errors`` or the SDK does not pull in the runtime.
 """
 
-from envfarm.catalog import Catalog, load_catalog, normalize_name
-from envfarm.errors import EnvfarmError
-from envfarm.models import CallResult, EnvBundle, ToolCall, ToolError, ToolSpec, Verifier
-from envfarm.runtime import EnvRuntime, Instance
-from envfarm.template import TemplateBuild, build_template
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envfarm.catalog import Catalog, load_catalog, normalize_name
+    from envfarm.errors import EnvfarmError
+    from envfarm.models import CallResult, EnvBundle, ToolCall, ToolError, ToolSpec, Verifier
+    from envfarm.runtime import EnvRuntime, Instance
+    from envfarm.template import TemplateBuild, build_template
+
+#: public name -> module that defines it
+_HOMES = {
+    "CallResult": "envfarm.models",
+    "Catalog": "envfarm.catalog",
+    "EnvBundle": "envfarm.models",
+    "EnvRuntime": "envfarm.runtime",
+    "EnvfarmError": "envfarm.errors",
+    "Instance": "envfarm.runtime",
+    "TemplateBuild": "envfarm.template",
+    "ToolCall": "envfarm.models",
+    "ToolError": "envfarm.models",
+    "ToolSpec": "envfarm.models",
+    "Verifier": "envfarm.models",
+    "build_template": "envfarm.template",
+    "load_catalog": "envfarm.catalog",
+    "normalize_name": "envfarm.catalog",
+}
 
 __all__ = [
     "CallResult",
@@ -25,3 +50,16 @@ __all__ = [
     "load_catalog",
     "normalize_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'envfarm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

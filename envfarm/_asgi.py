@@ -56,12 +56,24 @@ async def asgi_request(app, method: str, path: str, query: str, body: bytes | No
     if body is not None:
         headers += [(b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())]
+    status, out_headers, out = await call_asgi(app, method, path, query.encode(), headers,
+                                               body or b"", server=("env.local", 80))
+    content_type = next((v.decode("latin-1") for k, v in out_headers
+                         if k.lower() == b"content-type"), "")
+    return status, out, content_type
+
+
+async def call_asgi(app, method: str, path: str, query_string: bytes,
+                    headers: list[tuple[bytes, bytes]], body: bytes, *,
+                    server: tuple[str, int] = ("127.0.0.1", 80)
+                    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """THE in-process ASGI driver (env calls, requests forwarded between Serve replicas):
+    ``(status, headers, body)`` of one HTTP request, no sockets."""
     scope = {
         "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1", "method": method, "scheme": "http", "path": path,
-        "raw_path": path.encode(), "root_path": "", "query_string": query.encode(),
-        "headers": headers, "client": ("127.0.0.1", 0), "server": ("env.local", 80),
-        "state": {},
+        "http_version": "1.1", "method": method.upper(), "scheme": "http", "path": path,
+        "raw_path": path.encode(), "root_path": "", "query_string": query_string,
+        "headers": headers, "client": ("127.0.0.1", 0), "server": server, "state": {},
     }
     sent_body = False
 
@@ -69,25 +81,23 @@ async def asgi_request(app, method: str, path: str, query: str, body: bytes | No
         nonlocal sent_body
         if not sent_body:
             sent_body = True
-            return {"type": "http.request", "body": body or b"", "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         return {"type": "http.disconnect"}
 
     status = 500
+    out_headers: list[tuple[bytes, bytes]] = []
     chunks: list[bytes] = []
-    content_type = ""
 
     async def send(message: dict[str, Any]) -> None:
-        nonlocal status, content_type
+        nonlocal status, out_headers
         if message["type"] == "http.response.start":
             status = message["status"]
-            for key, value in message.get("headers", []):
-                if key.lower() == b"content-type":
-                    content_type = value.decode("latin-1")
+            out_headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
     await app(scope, receive, send)
-    return status, b"".join(chunks), content_type
+    return status, out_headers, b"".join(chunks)
 
 
 def decode_body(body: bytes, content_type: str) -> Any:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envfarm.errors import EnvLoadError
 from envfarm.models import EnvBundle, ToolCall, ToolSpec
 from envfarm.runtime import EnvRuntime
+from envfarm.verdict import Outcome, code_result_outcome
 
 
 class TaskCheck(BaseModel):
@@ -53,9 +54,9 @@ class EnvReport(BaseModel):
         return self.model_dump(exclude={"task_checks"})
 
 
-async def check_env(bundle: EnvBundle, sandbox: Any = None, *, probe: bool = False,
+async def check_env(bundle: EnvBundle, sandbox: Any, *, probe: bool = False,
                     runtime: EnvRuntime | None = None) -> EnvReport:
-    """Check one env. ``sandbox`` is a ``judge.VerifierSandbox`` (made here when omitted)."""
+    """Check one env. ``sandbox`` runs the verifiers (the caller's ``judge.VerifierSandbox``)."""
     report = EnvReport(name=bundle.name, loaded=False, tasks=len(bundle.tasks),
                        problems=list(bundle.problems))
     try:
@@ -70,18 +71,8 @@ async def check_env(bundle: EnvBundle, sandbox: Any = None, *, probe: bool = Fal
     report.problems += [p for p in runtime.problems if p not in report.problems]
     if probe:
         report.problems += await probe_tools(runtime)
-    if bundle.solutions:
-        own = sandbox is None
-        if own:
-            from judge import VerifierSandbox
-
-            sandbox = VerifierSandbox()
-        try:
-            for idx in sorted(bundle.solutions):
-                report.task_checks.append(await check_task(runtime, idx, sandbox))
-        finally:
-            if own:
-                sandbox.close()
+    for idx in sorted(bundle.solutions):
+        report.task_checks.append(await check_task(runtime, idx, sandbox))
     report.solvable = sum(t.solvable for t in report.task_checks)
     for t in report.task_checks:
         report.problems += [f"task {t.task_idx}: {p}" for p in t.problems]
@@ -128,15 +119,15 @@ async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[To
     check.solution_result, check.noop_result = _result(after), _result(noop)
     if not after.ok:
         check.problems.append(f"verifier failed after the reference solution: {after.error}")
-    elif check.solution_result != "complete":
+    elif not _complete(check.solution_result):
         check.problems.append(f"verifier says {after.result!r} after the reference solution ran "
                               "without errors")
     if not noop.ok:
         check.problems.append(f"verifier failed on a no-op episode: {noop.error}")
-    elif check.noop_result == "complete":
+    elif _complete(check.noop_result):
         check.problems.append(f"verifier says {noop.result!r} for a no-op episode")
-    check.solvable = (check.solution_result == "complete" and noop.ok
-                      and check.noop_result != "complete")
+    check.solvable = (_complete(check.solution_result) and noop.ok
+                      and not _complete(check.noop_result))
     return check
 
 
@@ -215,6 +206,11 @@ def _string_example(schema: dict[str, Any]) -> str:
             "email": "user@example.com"}.get(schema.get("format"), "example")
 
 
+def _complete(result: str | None) -> bool:
+    # The judge's rule, so "solvable" here means "scores 1.0" there.
+    return code_result_outcome(result) is Outcome.completed
+
+
 def _result(res: Any) -> str | None:
     if not res.ok or not isinstance(res.result, dict):
         return None
@@ -222,5 +218,5 @@ def _result(res: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def check_env_sync(bundle: EnvBundle, sandbox: Any = None, *, probe: bool = False) -> EnvReport:
+def check_env_sync(bundle: EnvBundle, sandbox: Any, *, probe: bool = False) -> EnvReport:
     return asyncio.run(check_env(bundle, sandbox, probe=probe))

@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 
 from envfarm.catalog import load_catalog
-from envfarm.client import Farm, reference_episode
-from envfarm.client._episode import EpisodeReport
+from envfarm.client import EpisodeReport, Farm, reference_episode
+from envfarm.compose import LocalFarm, compose_core
 from envfarm.errors import EnvfarmError
-from envfarm.farm import FarmConfig, FarmCore, LocalFarm, PoolConfig, make_server
+from envfarm.farm import FarmConfig, PoolConfig, make_server
 
 console = Console(soft_wrap=True)
 
@@ -72,7 +72,7 @@ def serve(catalog: CatalogOpt = None, envs: EnvsOpt = None,
 
 
 def _serve_local(config: FarmConfig, host: str, port: int) -> None:
-    core = FarmCore(config)
+    core = compose_core(config)
     free = sum(s.free for s in core.pool_stats())
     console.print(f"envfarm (no Ray) listening on http://{host}:{port} — "
                   f"{len(core.runtimes)} envs, {free} instances ready; Ctrl-C to stop")
@@ -177,7 +177,7 @@ def _print_report(r: EpisodeReport) -> None:
         mark = "[green]ok[/green]" if step.ok else "[red]error[/red]"
         console.print(f"  {i}. {step.tool} {mark} {step.summary}")
     v = r.verdict
-    console.print(f"  verify: outcome={v.outcome} reward={v.reward} valid={v.valid}")
+    console.print(f"  verify: outcome={v.outcome.value} reward={v.reward} valid={v.valid}")
     console.print(f"  release: {r.release}   ({r.seconds * 1000:.0f} ms)")
 
 

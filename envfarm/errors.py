@@ -7,7 +7,10 @@
     ├── ToolCallError                a tool call did not produce a result
     │   ├── AgentError               the agent's fault: unknown tool, bad arguments, 4xx
     │   └── EnvCallError             the environment's fault: exception, 5xx, timeout
-    ├── LeaseError                   lease lifecycle problems
+    ├── LeaseError                   lease lifecycle problems                400
+    │   ├── BadRequest               body not JSON or not the schema         422
+    │   ├── PayloadTooLarge          body over the farm's size limit         413
+    │   ├── TaskNotFound             the env has no such task                404
     │   ├── LeaseNotFound            no such lease                          404
     │   ├── LeaseUnauthorized        missing bearer token                   401
     │   ├── LeaseForbidden           wrong bearer token                     403
@@ -27,6 +30,35 @@ from __future__ import annotations
 
 from enum import Enum
 from typing import Any
+
+__all__ = [
+    "HTTP_STATUS",
+    "AgentError",
+    "BadRequest",
+    "CatalogError",
+    "EnvCallError",
+    "EnvLoadError",
+    "EnvNotFound",
+    "EnvfarmError",
+    "ErrorKind",
+    "JudgeError",
+    "LLMError",
+    "LeaseError",
+    "LeaseForbidden",
+    "LeaseGone",
+    "LeaseNotFound",
+    "LeaseUnauthorized",
+    "PayloadTooLarge",
+    "PoolExhausted",
+    "SynthesisError",
+    "TaskNotFound",
+    "ToolCallError",
+    "TransportError",
+    "VerifierError",
+    "error_type",
+    "http_status",
+    "status_kind",
+]
 
 
 class ErrorKind(str, Enum):
@@ -62,8 +94,10 @@ class EnvfarmError(Exception):
             setattr(self, key, value)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire form: ``{"kind", "message", **fields}``."""
-        out: dict[str, Any] = {"kind": self.kind.value, "message": self.message}
+        """The wire form: ``{"kind", "type", "message", **fields}``; ``type`` names the class,
+        so the SDK raises exactly what the server raised (``error_type``)."""
+        out: dict[str, Any] = {"kind": self.kind.value, "type": type(self).__name__,
+                               "message": self.message}
         out.update({k: v for k, v in self.fields.items() if _jsonable(v)})
         return out
 
@@ -112,6 +146,27 @@ class LeaseError(EnvfarmError):
 
     kind = ErrorKind.invalid_request
     status_code = 400
+
+
+class BadRequest(LeaseError):
+    """The request body is not valid JSON or does not match the schema."""
+
+    kind = ErrorKind.invalid_request
+    status_code = 422
+
+
+class PayloadTooLarge(LeaseError):
+    """The request body is over the farm's size limit."""
+
+    kind = ErrorKind.invalid_request
+    status_code = 413
+
+
+class TaskNotFound(LeaseError):
+    """The env has no task with that index."""
+
+    kind = ErrorKind.not_found
+    status_code = 404
 
 
 class LeaseNotFound(LeaseError):
@@ -188,12 +243,44 @@ def _jsonable(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool, type(None), list, dict))
 
 
-#: One table from error class to (HTTP status, kind); the server and the SDK both read it.
+#: THE table from error class to HTTP status; the server answers with it and the SDK reads the
+#: ``type`` of an error body back through it (``error_type``).
 HTTP_STATUS: dict[type[EnvfarmError], int] = {
     cls: cls.status_code
     for cls in (
-        CatalogError, EnvNotFound, EnvLoadError, AgentError, EnvCallError, LeaseNotFound,
-        LeaseUnauthorized, LeaseForbidden, LeaseGone, PoolExhausted, VerifierError, JudgeError,
-        SynthesisError, LLMError, TransportError,
+        CatalogError, EnvNotFound, EnvLoadError, AgentError, EnvCallError, LeaseError, BadRequest,
+        PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
+        LeaseGone, PoolExhausted, VerifierError, JudgeError, SynthesisError, LLMError,
+        TransportError,
     )
 }
+
+_BY_NAME: dict[str, type[EnvfarmError]] = {cls.__name__: cls for cls in HTTP_STATUS}
+
+
+def error_type(name: object, status: int, kind: object = None) -> type[EnvfarmError] | None:
+    """The class an error body stands for: by its ``type`` when that names one of ours with
+    this status; else by status (and kind) when the table has exactly one; else None."""
+    cls = _BY_NAME.get(name) if isinstance(name, str) else None
+    if cls is not None and http_status(cls) == status:
+        return cls
+    fits = [c for c in HTTP_STATUS if http_status(c) == status]
+    if len(fits) > 1:
+        fits = [c for c in fits if c.kind.value == kind]
+    return fits[0] if len(fits) == 1 else None
+
+
+def http_status(cls: type[EnvfarmError]) -> int:
+    """The status of an error response: errors that are observations (2xx) answer 500 when
+    they have to be raised as a whole response."""
+    status = HTTP_STATUS.get(cls, cls.status_code)
+    return status if status >= 400 else 500
+
+
+def status_kind(status: int) -> ErrorKind:
+    """The kind of an error known only by its status (a framework's own 404, 405 …): the kind
+    every class of that status shares in the table, else invalid_request / internal."""
+    kinds = {c.kind for c in HTTP_STATUS if http_status(c) == status}
+    if len(kinds) == 1:
+        return kinds.pop()
+    return ErrorKind.invalid_request if status < 500 else ErrorKind.internal

@@ -7,6 +7,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+__all__ = [
+    "CallResult",
+    "DBSchema",
+    "EnvBundle",
+    "SampleData",
+    "TableSample",
+    "TableSchema",
+    "ToolCall",
+    "ToolError",
+    "ToolSpec",
+    "Verifier",
+]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -14,7 +14,7 @@ from judge.core import (
 )
 from judge.format_rules import FormatReport, FormatRule, check_format
 from judge.llm_judge import LLMJudge, LLMVerdict, ParseError, parse_answer
-from judge.rewards import REWARDS, Outcome, Verdict, reward_for
+from envfarm.verdict import REWARDS, Outcome, Verdict, reward_for
 from judge.sandbox import (
     SandboxConfig,
     VerifierErrorKind,

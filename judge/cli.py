@@ -25,7 +25,7 @@ from rich.progress import (
 )
 
 from judge.core import Judge, JudgeConfig, JudgeRequest, JudgeResponse
-from judge.rewards import Outcome, Verdict
+from envfarm.verdict import Outcome, Verdict
 from judge.sandbox import SandboxConfig
 
 

@@ -25,7 +25,7 @@ from envfarm.errors import LLMError
 from judge._verifier_code import Criteria, Mode, parse_raw_response
 from judge.format_rules import check_format
 from judge.llm_judge import LLMJudge
-from judge.rewards import Outcome, Verdict
+from envfarm.verdict import COMPLETE, NOT_COMPLETE, Outcome, Verdict, code_result_outcome
 from judge.sandbox import DbInput, SandboxConfig, VerifierResult, VerifierSandbox
 from judge.trajectory import Trajectory
 
@@ -40,17 +40,6 @@ def _from_b64(value: Any) -> Any:
 DbBytes = Annotated[bytes, BeforeValidator(_from_b64),
                     PlainSerializer(lambda b: base64.b64encode(b).decode(), return_type=str,
                                     when_used="json")]
-
-#: Code-mode ``result`` values and what they mean (AWM writes "complete" / "others").
-_CODE_RESULTS: dict[str, Outcome] = {
-    "complete": Outcome.completed,
-    "completed": Outcome.completed,
-    "success": Outcome.completed,
-    "partial": Outcome.partially_completed,
-    "partially_complete": Outcome.partially_completed,
-    "partially_completed": Outcome.partially_completed,
-}
-
 
 class VerifierCode(BaseModel):
     """A task's verifier as AWM stores it."""
@@ -124,10 +113,15 @@ def code_only_verdict(vr: VerifierResult) -> Verdict:
         return Verdict.of(Outcome.invalid, "judge_error: sql-mode verifier output needs the LLM "
                           "judge, and none is configured", error_kind="judge_error",
                           details={"judge": "code", "verifier": vr.result})
-    value = str(vr.code_result or "").strip().lower()
-    outcome = _CODE_RESULTS.get(value, Outcome.agent_error)
-    return Verdict.of(outcome, f"code verifier returned {value or 'no result'!r}",
-                      details={"judge": "code", "verifier": vr.result})
+    value = vr.result.get("result") if vr.result else None
+    outcome = code_result_outcome(value)
+    details = {"judge": "code", "verifier": vr.result}
+    if outcome is Outcome.invalid:
+        # None, "error", "verifier_failed: ...", a number: the verifier did not judge the agent.
+        return Verdict.of(outcome, f"verifier_error: code verifier returned {value!r}, not "
+                          f"{COMPLETE!r} or {NOT_COMPLETE!r}", error_kind="verifier_error",
+                          details=details)
+    return Verdict.of(outcome, f"code verifier returned {value!r}", details=details)
 
 
 def _internal_error(exc: BaseException) -> Verdict:
@@ -157,7 +151,7 @@ class Judge:
     @classmethod
     def from_env(cls, config: JudgeConfig | None = None, **llm_overrides: Any) -> Judge:
         """An LLM judge when ``ENVFARM_LLM_BASE_URL`` (or an override) names an endpoint."""
-        from synth.llm import ENV_BASE_URL, LLMClient, LLMConfig
+        from envfarm.llm import ENV_BASE_URL, LLMClient, LLMConfig
 
         config = config or JudgeConfig()
         client = None

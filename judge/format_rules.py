@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 
-from judge.rewards import Outcome, Verdict
+from envfarm.verdict import Outcome, Verdict
 from judge.trajectory import (
     CALL_TOOL,
     LIST_TOOLS,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
 from judge.core import Judge, JudgeRequest, JudgeResponse
-from judge.rewards import Verdict
+from envfarm.verdict import Verdict
 
 Submit = Callable[[JudgeRequest], Awaitable[Verdict]]
 

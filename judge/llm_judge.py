@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envfarm.errors import LLMError
 from judge._verifier_code import Criteria
-from judge.rewards import Outcome, Verdict
+from envfarm.verdict import Outcome, Verdict
 from judge.sandbox import VerifierResult
 from judge.trajectory import Trajectory, parse_turn
 
@@ -161,7 +161,7 @@ class LLMJudge:
 
     def __init__(self, client: Any, *, repair_attempts: int = 1, max_chars: int = 24_000,
                  temperature: float = 0.0) -> None:
-        self.client = client  # synth.llm.LLMClient or anything with its async ``chat``
+        self.client = client  # envfarm.llm.LLMClient or anything with its async ``chat``
         self.repair_attempts = repair_attempts
         self.max_chars = max_chars
         self.temperature = temperature

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 
 from judge.core import Judge, JudgeConfig, JudgeRequest
 from judge.http import answer_body
-from judge.rewards import Verdict
+from envfarm.verdict import Verdict
 
 
 class JudgeServiceConfig(BaseModel):
@@ -33,7 +33,7 @@ class JudgeServiceConfig(BaseModel):
 
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="the judge itself")
     llm: dict[str, Any] = Field(default_factory=dict,
-                                description="synth.llm.LLMConfig overrides (base_url, model …)")
+                                description="envfarm.llm.LLMConfig overrides (base_url, model …)")
     max_batch_size: int = Field(default=64, ge=1, description="requests per batch")
     batch_wait_timeout_s: float = Field(default=0.01, ge=0,
                                         description="how long a batch waits to fill")

@@ -1,5 +1,5 @@
 """AWM synthesis pipeline: scenarios -> tasks -> db -> sample -> spec -> env -> verifier, self-correcting.
 
-Kept light on purpose: ``synth.llm`` is imported by the judge, so nothing heavy loads here.
-Public entry points: ``synth.llm`` (LLM client), ``synth.pipeline`` (stages), ``synth.cli`` (typer app).
+Public entry points: ``synth.pipeline`` (stages) and ``synth.cli`` (typer app); the LLM client
+they use is ``envfarm.llm``, shared with the judge.
 """

@@ -8,7 +8,7 @@ from typing import Any
 
 from synth._jsonl import JsonlStore, by_name, by_scenario, by_task
 from synth.config import FILES, SynthConfig
-from synth.llm import ChatResult, LLMClient
+from envfarm.llm import ChatResult, LLMClient
 from synth.report import StageReport, report_key
 
 

@@ -63,7 +63,7 @@ def _make_command(stages: tuple[str, ...]) -> Any:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar per stage"),
     ) -> None:
         from synth.config import SynthConfig
-        from synth.llm import LLMClient, LLMConfig, Price
+        from envfarm.llm import LLMClient, LLMConfig, Price
         from synth.pipeline import run_pipeline
         from synth.report import render_tables
 

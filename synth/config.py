@@ -27,7 +27,7 @@ FILES: dict[str, str] = {
 
 
 class SynthConfig(BaseModel):
-    """Everything a run needs besides the LLM endpoint (see ``synth.llm.LLMConfig``)."""
+    """Everything a run needs besides the LLM endpoint (see ``envfarm.llm.LLMConfig``)."""
 
     model_config = ConfigDict(extra="forbid")
 

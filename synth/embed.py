@@ -36,7 +36,7 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class EndpointEmbedder:
-    """An OpenAI-compatible ``/embeddings`` endpoint through :class:`synth.llm.LLMClient`."""
+    """An OpenAI-compatible ``/embeddings`` endpoint through :class:`envfarm.llm.LLMClient`."""
 
     def __init__(self, client: object, model: str | None = None) -> None:
         self._client = client

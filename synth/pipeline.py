@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envfarm.errors import EnvfarmError, LLMError, SynthesisError
 from synth._context import RunContext, Stores
 from synth.config import SCENARIO_STAGES, STAGES, SynthConfig
-from synth.llm import LLMClient
+from envfarm.llm import LLMClient
 from synth.stages.db import run_db
 from synth.stages.env import run_env
 from synth.stages.sample import run_sample

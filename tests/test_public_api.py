@@ -12,7 +12,14 @@ def _isort_key(name: str) -> tuple[int, str]:
     return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
 
-@pytest.mark.parametrize("module", ["envfarm", "envfarm.farm", "envfarm.client", "judge"])
+#: Every public face: the contracts, the runtime, the farm, the SDK, the LLM client, the judge,
+#: the composition and the Serve shell.
+PUBLIC = ["envfarm", "envfarm.errors", "envfarm.models", "envfarm.wire", "envfarm.verdict",
+          "envfarm.llm", "envfarm.farm", "envfarm.client", "envfarm.compose", "envfarm.serve",
+          "judge"]
+
+
+@pytest.mark.parametrize("module", PUBLIC)
 def test_all_is_sorted_and_importable(module):
     mod = importlib.import_module(module)
     assert list(mod.__all__) == sorted(mod.__all__, key=_isort_key), f"{module}.__all__ drifted"
@@ -29,3 +36,31 @@ def test_error_tree_has_one_root_and_one_status_table():
     for cls, status in errors.HTTP_STATUS.items():
         assert cls.status_code == status and isinstance(cls.kind, errors.ErrorKind)
     assert not any(c.__name__ == "EnvironmentError" for c in classes)  # a builtin alias of OSError
+
+
+def test_one_definition_of_each_contract():
+    """The judge and the farm re-export the contracts; they do not define their own."""
+    import envfarm
+    import envfarm.farm
+    import judge
+    from envfarm import errors, models, verdict, wire
+
+    for name in ("REWARDS", "Outcome", "Verdict", "reward_for"):
+        assert getattr(judge, name) is getattr(verdict, name)
+    for name in ("LeaseInfo", "VerifyResponse", "BatchResult", "EnvSummary", "owner_of"):
+        assert getattr(envfarm.farm, name) is getattr(wire, name)
+    for name in ("BadRequest", "PayloadTooLarge", "TaskNotFound"):
+        assert getattr(envfarm.farm, name) is getattr(errors, name)
+    assert envfarm.CallResult is models.CallResult
+    assert issubclass(wire.VerifyResponse, verdict.Verdict)  # the farm's verdict is the judge's
+
+
+def test_every_error_class_has_a_wire_type_the_sdk_reads_back():
+    from envfarm import errors
+    from envfarm.client import LeaseLost, error_from_wire
+
+    for cls, status in errors.HTTP_STATUS.items():
+        body = {"error": cls("boom", lease_id="p1-ab").to_dict()}
+        exc = error_from_wire(errors.http_status(cls), __import__("json").dumps(body).encode())
+        want = LeaseLost if cls is errors.LeaseGone else cls
+        assert type(exc) is want and exc.message == "boom" and exc.lease_id == "p1-ab", cls

@@ -24,7 +24,8 @@ async def test_readme_sdk_example_runs_against_a_farm():
     """The SDK example, against a real --no-ray farm on loopback."""
     import textwrap
 
-    from envfarm.farm import FarmConfig, LocalFarm, PoolConfig
+    from envfarm.compose import LocalFarm
+    from envfarm.farm import FarmConfig, PoolConfig
 
     (block,) = re.findall(r"```python farm\n(.*?)```", README.read_text(), re.S)
     with LocalFarm(FarmConfig(envs=["hotel_booking_1"], pool=PoolConfig(warm=1))) as farm:

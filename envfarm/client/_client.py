@@ -23,17 +23,17 @@ from typing import Any, Self
 from envfarm.client._errors import call_error, error_from_wire
 from envfarm.client._transport import HTTPTransport, Reply, Transport
 from envfarm.errors import EnvfarmError, PoolExhausted, TransportError
-from envfarm.farm._wire import (
+from envfarm.models import CallResult, ToolSpec
+from envfarm.wire import (
     BatchResponse,
     BatchResult,
-    CallResponse,
     EnvDetail,
     EnvSummary,
     LeaseInfo,
     ReleaseResponse,
     VerifyResponse,
+    by_owner,
 )
-from envfarm.models import ToolSpec
 
 
 class Farm:
@@ -138,31 +138,27 @@ class Farm:
         return [Lease(self, LeaseInfo.model_validate(d)) for d in data]
 
     async def batch_call(self, calls: Sequence[tuple[Lease, str, dict[str, Any]]]
-                         ) -> list[CallResponse | EnvfarmError]:
+                         ) -> list[CallResult | EnvfarmError]:
         """Many leases' calls: one request per owner replica (one hop through Serve), sent
         concurrently; per item a result or the error it hit, in the order given."""
-        groups: dict[tuple[str, str], list[int]] = {}
-        for i, (lease, _, _) in enumerate(calls):
-            groups.setdefault((lease.env, lease.lease_id.rpartition("-")[0]), []).append(i)
-        out: list[CallResponse | EnvfarmError | None] = [None] * len(calls)
-
-        async def one(env: str, owner: str, idx: list[int]) -> None:
-            body = {"calls": [{"env": calls[i][0].env, "lease_id": calls[i][0].lease_id,
-                               "token": calls[i][0].token, "tool": calls[i][1],
-                               "arguments": calls[i][2]} for i in idx]}
+        async def send(env: str, owner: str, group: list[tuple[Lease, str, dict[str, Any]]]
+                       ) -> list[CallResult | EnvfarmError]:
+            body = {"calls": [{"env": lease.env, "lease_id": lease.lease_id,
+                               "token": lease.token, "tool": tool, "arguments": arguments}
+                              for lease, tool, arguments in group]}
             data = BatchResponse.model_validate(await self._json(
                 "POST", f"/envs/{env}/owners/{owner}/batch", json_body=body))
-            for i, item in zip(idx, data.results):
-                out[i] = item.result if item.result is not None else _item_error(item)
+            return [item.result if item.result is not None else _item_error(item)
+                    for item in data.results]
 
-        await asyncio.gather(*(one(env, owner, idx) for (env, owner), idx in groups.items()))
-        return [r for r in out if r is not None]
+        return await by_owner(calls, lambda c: (c[0].env, c[0].lease_id), send)
 
 
 def _item_error(item: BatchResult) -> EnvfarmError:
     err = item.error
-    status, kind, message = (err.status, err.kind, err.message) if err else (500, "", "?")
-    payload = json.dumps({"error": {"kind": kind, "message": message,
+    status, kind, name, message = ((err.status, err.kind, err.type, err.message) if err
+                                   else (500, "", None, "?"))
+    payload = json.dumps({"error": {"kind": kind, "type": name, "message": message,
                                     "lease_id": item.lease_id}}).encode()
     return error_from_wire(status, payload)
 
@@ -203,11 +199,11 @@ class Lease:
         return [ToolSpec.model_validate(t) for t in data]
 
     async def call_result(self, tool: str, arguments: dict[str, Any] | None = None
-                          ) -> CallResponse:
+                          ) -> CallResult:
         """The call's outcome, agent and env errors included (never raised)."""
         data = await self.farm._json("POST", self.path + "/call", token=self.token,
                                      json_body={"tool": tool, "arguments": arguments or {}})
-        return CallResponse.model_validate(data)
+        return CallResult.model_validate(data)
 
     async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> Any:
         """The tool's result; raises ``AgentError`` / ``EnvError`` when the call failed."""

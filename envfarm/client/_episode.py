@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envfarm.client._client import Farm
-from envfarm.farm._wire import VerifyResponse
 from envfarm.models import ToolCall
+from envfarm.wire import VerifyResponse
 
 
 class StepReport(BaseModel):

@@ -1,4 +1,5 @@
-"""Wire errors back to the one exception tree, in one table (the server's, read backwards)."""
+"""Wire errors back to the one exception tree: the body's ``type`` read through the table the
+server answers with (``envfarm.errors.HTTP_STATUS``)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,13 @@ from typing import Any
 
 from envfarm.errors import (
     AgentError,
-    CatalogError,
     EnvCallError,
     EnvfarmError,
-    EnvNotFound,
     ErrorKind,
-    LeaseError,
-    LeaseForbidden,
     LeaseGone,
-    LeaseNotFound,
-    LeaseUnauthorized,
-    PoolExhausted,
     TransportError,
+    error_type,
 )
-from envfarm.farm._errors import BadRequest, PayloadTooLarge, TaskNotFound
 
 
 class LeaseLost(LeaseGone):
@@ -30,19 +24,8 @@ class LeaseLost(LeaseGone):
 #: The SDK's name for an env-side tool failure.
 EnvError = EnvCallError
 
-_BY_STATUS_KIND: dict[tuple[int, str], type[EnvfarmError]] = {
-    (401, ErrorKind.unauthorized.value): LeaseUnauthorized,
-    (403, ErrorKind.forbidden.value): LeaseForbidden,
-    (410, ErrorKind.gone.value): LeaseLost,
-    (413, ErrorKind.invalid_request.value): PayloadTooLarge,
-    (422, ErrorKind.invalid_request.value): BadRequest,
-    (400, ErrorKind.invalid_request.value): CatalogError,
-    (503, ErrorKind.unavailable.value): PoolExhausted,
-}
-_BY_STATUS: dict[int, type[EnvfarmError]] = {
-    401: LeaseUnauthorized, 403: LeaseForbidden, 410: LeaseLost, 413: PayloadTooLarge,
-    422: BadRequest, 503: PoolExhausted, 400: LeaseError,
-}
+#: Where the SDK raises a subclass with a name for callers (same status, same kind).
+_SDK_NAMES: dict[type[EnvfarmError], type[EnvfarmError]] = {LeaseGone: LeaseLost}
 _CALL_KINDS: dict[str, type[EnvfarmError]] = {"agent_error": AgentError, "env_error": EnvError}
 
 
@@ -56,24 +39,20 @@ def error_from_wire(status: int, body: bytes) -> EnvfarmError:
     if not isinstance(error, dict):
         text = body[:300].decode(errors="replace")
         return TransportError(f"farm answered HTTP {status}: {text}", status=status)
-    kind = str(error.get("kind", ""))
+    kind = error.get("kind")
     message = str(error.get("message", f"HTTP {status}"))
-    fields: dict[str, Any] = {k: v for k, v in error.items() if k not in ("kind", "message")}
-    cls = _BY_STATUS_KIND.get((status, kind))
-    if cls is None and status == 404:
-        cls = _not_found(message, fields)
-    cls = cls or _BY_STATUS.get(status) or TransportError
-    exc = cls(message, **fields)
+    fields: dict[str, Any] = {k: v for k, v in error.items()
+                              if k not in ("kind", "type", "message")}
+    cls = error_type(error.get("type"), status, kind)
+    if cls is None:
+        # Not one of ours (a proxy's page, a route that does not exist): keep what it said.
+        exc = EnvfarmError(message, **fields)
+        if kind in ErrorKind._value2member_map_:
+            exc.kind = ErrorKind(kind)
+    else:
+        exc = _SDK_NAMES.get(cls, cls)(message, **fields)
     exc.http_status = status  # type: ignore[attr-defined]
     return exc
-
-
-def _not_found(message: str, fields: dict[str, Any]) -> type[EnvfarmError]:
-    if "lease_id" in fields:
-        return LeaseNotFound
-    if "task_idx" in fields:
-        return TaskNotFound
-    return EnvNotFound
 
 
 def call_error(kind: str, message: str, **fields: Any) -> EnvfarmError:

@@ -8,14 +8,13 @@ from contextlib import contextmanager
 from typing import Any, Self, TypeVar
 
 from envfarm.client._client import Farm, Lease
-from envfarm.farm._wire import (
-    CallResponse,
+from envfarm.models import CallResult, ToolSpec
+from envfarm.wire import (
     EnvDetail,
     EnvSummary,
     ReleaseResponse,
     VerifyResponse,
 )
-from envfarm.models import ToolSpec
 
 T = TypeVar("T")
 
@@ -79,7 +78,7 @@ class SyncLease:
     def call(self, tool: str, arguments: dict[str, Any] | None = None) -> Any:
         return self._farm._run(self.lease.call(tool, arguments))
 
-    def call_result(self, tool: str, arguments: dict[str, Any] | None = None) -> CallResponse:
+    def call_result(self, tool: str, arguments: dict[str, Any] | None = None) -> CallResult:
         return self._farm._run(self.lease.call_result(tool, arguments))
 
     def reset(self) -> None:

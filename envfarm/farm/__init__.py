@@ -1,42 +1,47 @@
 """The farm without Ray: lease manager, instance pools and the lease-API app.
 
-Used as is by ``envfarm serve --no-ray`` and inside every Ray Serve replica.
+Used as is by ``envfarm serve --no-ray`` and inside every Serve replica; whoever builds a
+``FarmCore`` hands it its verifier (``envfarm.compose.compose_core`` hands it the judge).
 """
 
+from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound
 from envfarm.farm._app import build_app
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
-from envfarm.farm._core import FarmCore, Lease, new_owner_tag, owner_of
-from envfarm.farm._errors import BadRequest, PayloadTooLarge, TaskNotFound
-from envfarm.farm._local import LocalFarm, free_port, make_server
+from envfarm.farm._core import FarmCore, Lease, VerifierFactory
+from envfarm.farm._http import error_response, install_error_handlers
+from envfarm.farm._local import free_port, make_server
+from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
-from envfarm.farm._wire import (
-                                BatchItem,
-                                BatchRequest,
-                                BatchResponse,
-                                BatchResult,
-                                CallRequest,
-                                CallResponse,
-                                EnvDetail,
-                                EnvSummary,
-                                Health,
-                                LeaseBatchRequest,
-                                LeaseInfo,
-                                LeaseRequest,
-                                PoolStats,
-                                ReleaseResponse,
-                                ReleaseStatus,
-                                VerifyRequest,
-                                VerifyResponse,
+from envfarm.wire import (
+    BatchError,
+    BatchItem,
+    BatchRequest,
+    BatchResponse,
+    BatchResult,
+    CallRequest,
+    EnvDetail,
+    EnvSummary,
+    Health,
+    LeaseBatchRequest,
+    LeaseInfo,
+    LeaseRequest,
+    PoolStats,
+    ReleaseResponse,
+    ReleaseStatus,
+    VerifyRequest,
+    VerifyResponse,
+    new_owner_tag,
+    owner_of,
 )
 
 __all__ = [
     "BadRequest",
+    "BatchError",
     "BatchItem",
     "BatchRequest",
     "BatchResponse",
     "BatchResult",
     "CallRequest",
-    "CallResponse",
     "EnvDetail",
     "EnvSummary",
     "FarmConfig",
@@ -48,18 +53,21 @@ __all__ = [
     "LeaseInfo",
     "LeasePolicy",
     "LeaseRequest",
-    "LocalFarm",
     "PayloadTooLarge",
     "PoolConfig",
     "PoolStats",
     "ReleaseResponse",
     "ReleaseStatus",
     "TaskNotFound",
+    "VerifierFactory",
     "VerifyRequest",
     "VerifyResponse",
     "build_app",
+    "error_response",
     "free_port",
+    "install_error_handlers",
     "make_server",
+    "merge_exposition",
     "new_owner_tag",
     "owner_of",
 ]

@@ -15,11 +15,13 @@ from starlette.routing import Route
 from envfarm.farm._core import FarmCore, Lease
 from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
 from envfarm.farm._mcp import LeaseMCP
-from envfarm.farm._wire import (
+from envfarm.models import CallResult, ToolSpec
+from envfarm.wire import (
+    LEASE_ID_PATTERN,
+    OWNER_PATTERN,
     BatchRequest,
     BatchResponse,
     CallRequest,
-    CallResponse,
     EnvDetail,
     EnvSummary,
     ErrorBody,
@@ -32,14 +34,13 @@ from envfarm.farm._wire import (
     VerifyRequest,
     VerifyResponse,
 )
-from envfarm.models import ToolSpec
 
 EnvName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$",
                                description="AWM-normalized env name.")]
-LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=r"^[A-Za-z0-9_]+-[0-9a-f]+$",
+LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=LEASE_ID_PATTERN,
                               description="Lease id (<owner>-<random>).")]
 
-Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$",
+Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=OWNER_PATTERN,
                             description="Owner tag: the part of a lease id before '-'.")]
 
 _ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422)}
@@ -113,11 +114,11 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     async def tools(request: Request, env: EnvName, lease_id: LeaseId) -> list[ToolSpec]:
         return core.tools(lease_of(request, env, lease_id))
 
-    @app.post("/envs/{env}/leases/{lease_id}/call", response_model=CallResponse, tags=["leases"],
+    @app.post("/envs/{env}/leases/{lease_id}/call", response_model=CallResult, tags=["leases"],
               responses=lease_errors | {k: _ERRORS[k] for k in (413, 422)},
               dependencies=_auth)
     async def call(request: Request, env: EnvName, lease_id: LeaseId, req: CallRequest
-                   ) -> CallResponse:
+                   ) -> CallResult:
         return await core.call(lease_of(request, env, lease_id), req.tool, req.arguments)
 
     @app.post("/envs/{env}/leases/{lease_id}/reset", response_model=ResetResponse,

@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envfarm.catalog import Catalog, load_catalog, normalize_name
@@ -25,17 +26,18 @@ from envfarm.errors import (
     LeaseGone,
     LeaseNotFound,
     LeaseUnauthorized,
+    TaskNotFound,
 )
 from envfarm.farm._config import FarmConfig
-from envfarm.farm._errors import TaskNotFound
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._pool import InstancePool
-from envfarm.farm._verify import LazySandbox, verify
-from envfarm.farm._wire import (
+from envfarm.models import CallResult, ToolSpec
+from envfarm.runtime import EnvRuntime, Instance
+from envfarm.verdict import EpisodeVerifier, Outcome, Verdict
+from envfarm.wire import (
     BatchError,
     BatchItem,
     BatchResult,
-    CallResponse,
     EnvDetail,
     EnvSummary,
     Health,
@@ -46,21 +48,15 @@ from envfarm.farm._wire import (
     ReleaseStatus,
     VerifyRequest,
     VerifyResponse,
+    new_lease_id,
+    new_owner_tag,
+    owner_of,
 )
-from envfarm.models import ToolSpec
-from envfarm.runtime import EnvRuntime, Instance
 
 log = logging.getLogger("envfarm.farm")
 
-
-def new_owner_tag() -> str:
-    """A random owner tag for a process that has no Serve replica id."""
-    return "p" + secrets.token_hex(4)
-
-
-def owner_of(lease_id: str) -> str:
-    """The owner tag a lease id names (``<owner>-<random>``)."""
-    return lease_id.rpartition("-")[0]
+#: Makes the farm's verifier on the first verification (a verifier may start processes).
+VerifierFactory = Callable[[], EpisodeVerifier]
 
 
 @dataclass(eq=False)
@@ -74,6 +70,8 @@ class Lease:
     idle_timeout_s: float
     idempotency_key: str | None = None
     last_used: float = field(default_factory=time.monotonic)
+    #: env-side failures of tool calls since the episode began (lease or last reset)
+    env_errors: list[str] = field(default_factory=list)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -84,8 +82,11 @@ class FarmCore:
 
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
-                 runtimes: dict[str, EnvRuntime] | None = None) -> None:
-        """``runtimes``: envs compiled already (they hold no lease state, so cores may share)."""
+                 runtimes: dict[str, EnvRuntime] | None = None,
+                 verifier: VerifierFactory | None = None) -> None:
+        """``runtimes``: envs compiled already (they hold no lease state, so cores may share).
+        ``verifier``: makes what judges ``verify`` calls (``envfarm.compose`` hands in the
+        judge); without one, every verification is invalid."""
         self.config = config
         self.owner = owner or new_owner_tag()
         if "-" in self.owner:
@@ -108,7 +109,7 @@ class FarmCore:
         self.leases: dict[str, Lease] = {}
         self._idempotent: dict[tuple[str, str], str] = {}
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
-        self.sandbox = LazySandbox(config.verifier_workers, config.verifier_timeout_s)
+        self.verifier = _LazyVerifier(verifier)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases))
         self._reaper: asyncio.Task[None] | None = None
 
@@ -135,7 +136,7 @@ class FarmCore:
             self._close(lease, "farm shut down")
         for pool in self.pools.values():
             await pool.drain()
-        await asyncio.to_thread(self.sandbox.close)
+        await self.verifier.aclose()
 
     async def _reap_forever(self) -> None:
         while True:
@@ -165,9 +166,7 @@ class FarmCore:
         return [self._summary(name) for name in self.catalog.names]
 
     def _summary(self, name: str) -> EnvSummary:
-        b = self.catalog[name]
-        return EnvSummary(name=b.name, description=b.description, tasks=len(b.tasks),
-                          verified_tasks=sorted(b.code_verifiers), served=name in self.runtimes)
+        return EnvSummary.of(self.catalog[name], served=name in self.runtimes)
 
     def detail(self, env: str) -> EnvDetail:
         name = normalize_name(env)
@@ -209,7 +208,7 @@ class FarmCore:
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
         instance = self.pools[name].acquire()
-        lease = Lease(lease_id=f"{self.owner}-{secrets.token_hex(8)}", env=name,
+        lease = Lease(lease_id=new_lease_id(self.owner), env=name,
                       token=secrets.token_urlsafe(24), instance=instance, task_idx=req.task_idx,
                       expires_at=time.time() + ttl, idle_timeout_s=min(policy.idle_timeout_s, ttl),
                       idempotency_key=req.idempotency_key)
@@ -293,17 +292,20 @@ class FarmCore:
     def tools(self, lease: Lease) -> list[ToolSpec]:
         return lease.instance.tools
 
-    async def call(self, lease: Lease, tool: str, arguments: dict) -> CallResponse:
+    async def call(self, lease: Lease, tool: str, arguments: dict) -> CallResult:
         res = await lease.instance.call(tool, arguments)
         lease.touch()
-        outcome = "ok" if res.ok else (res.error.kind if res.error else "error")
+        outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
+        if outcome == "env_error":  # the episode can no longer be scored (see ``verify``)
+            lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
-        return CallResponse.model_validate(res.model_dump())
+        return res
 
     async def reset(self, lease: Lease) -> None:
         async with lease.instance.lock:
             lease.instance.reset()
+            lease.env_errors.clear()  # a new episode begins
 
     async def snapshot(self, lease: Lease) -> bytes:
         async with lease.instance.lock:
@@ -320,11 +322,21 @@ class FarmCore:
                                f"{task_idx}", env=lease.env, task_idx=task_idx)
         async with lease.instance.lock:
             initial, final = lease.instance.initial_snapshot(), lease.instance.snapshot()
-        result = await verify(self.sandbox, bundle.code_verifiers.get(task_idx), task_idx,
-                              initial, final, req.final_answer)
+            env_errors = list(lease.env_errors)
+        if env_errors:
+            # The env failed the agent during this episode: no verdict on the agent (the
+            # judge's rule 6), whatever the databases say.
+            verdict = Verdict.of(Outcome.environment_error,
+                                 f"env_error during the episode: {env_errors[0]}",
+                                 error_kind="env_error", details={"env_errors": env_errors})
+        else:
+            verifier = bundle.code_verifiers.get(task_idx)
+            verdict = await (await self.verifier.get()).verify(
+                verifier.code if verifier else None, initial, final,
+                final_answer=req.final_answer)
         lease.touch()
-        self.metrics.verifications.labels(lease.env, result.outcome).inc()
-        return result
+        self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
+        return VerifyResponse(task_idx=task_idx, **verdict.model_dump(exclude={"reward", "valid"}))
 
     async def batch_call(self, items: list[BatchItem]) -> list[BatchResult]:
         """Many leases' calls; calls on different leases run concurrently, one lease's in order."""
@@ -332,9 +344,42 @@ class FarmCore:
             try:
                 lease = self.lease(item.env, item.lease_id, item.token)
             except EnvfarmError as exc:
-                return BatchResult(lease_id=item.lease_id, error=BatchError(
-                    kind=exc.kind.value, message=exc.message, status=exc.status_code))
+                return BatchResult(lease_id=item.lease_id, error=BatchError.of(exc))
             return BatchResult(lease_id=item.lease_id,
                                result=await self.call(lease, item.tool, item.arguments))
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+class _NoVerifier:
+    """The verifier of a farm composed without one: every verification is invalid."""
+
+    async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
+                     final_answer: str | None = None) -> Verdict:
+        return Verdict.of(Outcome.invalid, "verifier_error: this farm was started without a "
+                          "verifier", error_kind="verifier_error")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _LazyVerifier:
+    """Makes the verifier on the first verification, not at farm start-up (it may start
+    worker processes, and most replicas of a busy farm never verify)."""
+
+    def __init__(self, factory: VerifierFactory | None) -> None:
+        self._factory = factory
+        self._verifier: EpisodeVerifier | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> EpisodeVerifier:
+        async with self._lock:
+            if self._verifier is None:
+                self._verifier = (await asyncio.to_thread(self._factory) if self._factory
+                                  else _NoVerifier())
+            return self._verifier
+
+    async def aclose(self) -> None:
+        if self._verifier is not None:
+            await self._verifier.aclose()
+            self._verifier = None

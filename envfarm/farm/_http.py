@@ -15,15 +15,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from envfarm.errors import EnvfarmError, ErrorKind
-from envfarm.farm._errors import BadRequest, PayloadTooLarge
-
-_STATUS_KINDS = {401: ErrorKind.unauthorized, 403: ErrorKind.forbidden, 404: ErrorKind.not_found,
-                 410: ErrorKind.gone, 503: ErrorKind.unavailable}
+from envfarm.errors import (
+    BadRequest,
+    EnvfarmError,
+    ErrorKind,
+    PayloadTooLarge,
+    http_status,
+    status_kind,
+)
 
 
 def error_response(exc: EnvfarmError) -> JSONResponse:
-    status = exc.status_code if exc.status_code >= 400 else 500
+    status = http_status(type(exc))
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers)
 
@@ -46,8 +49,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = _STATUS_KINDS.get(exc.status_code, ErrorKind.invalid_request)
-        return error_body(exc.status_code, kind, str(exc.detail))
+        return error_body(exc.status_code, status_kind(exc.status_code), str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _crash(_: Request, exc: Exception) -> JSONResponse:

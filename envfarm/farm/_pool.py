@@ -12,7 +12,7 @@ from collections import deque
 
 from envfarm.errors import PoolExhausted
 from envfarm.farm._config import PoolConfig
-from envfarm.farm._wire import PoolStats
+from envfarm.wire import PoolStats
 from envfarm.runtime import EnvRuntime, Instance
 
 

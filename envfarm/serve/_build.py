@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ray import serve
+from ray.serve import Deployment
 from ray.serve.api import RunTarget
 from ray.serve.config import RequestRouterConfig
 
@@ -48,25 +49,40 @@ def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = No
             for k, p in enumerate(packs)]
 
 
+def pool_deployment(options: DeploymentOptions) -> Deployment:
+    """The pool deployment of one application (one env, or a pack of envs)."""
+    return serve.deployment(PoolReplica, name="pool", request_router_config=_ROUTER,
+                            **options.serve_kwargs())
+
+
+def front_deployment(replicas: int | None = None) -> Deployment:
+    """The front deployment (catalog, health, metrics, batch, packed envs)."""
+    extra = {} if replicas is None else {"num_replicas": replicas}
+    return serve.deployment(Front, name="front", max_ongoing_requests=1024,
+                            ray_actor_options={"num_cpus": 0}, **extra)
+
+
+def routes_of(plans: list[AppPlan]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """What the front needs to find the pools: env -> [app, deployment], app -> replicas."""
+    return ({e: [p.name, p.deployment] for p in plans for e in p.envs},
+            {p.name: max_replicas(p.options) for p in plans})
+
+
 def applications(config: FarmConfig, options: ServeOptions, plans: list[AppPlan]
                  ) -> list[RunTarget]:
     """Serve RunTargets for the plan, front app last (it needs the others' names)."""
     targets = []
     for p in plans:
-        dep = serve.deployment(PoolReplica, name=p.deployment,
-                               request_router_config=_ROUTER, **p.options.serve_kwargs())
-        app = dep.bind(config.with_envs(p.envs).model_dump())
+        app = pool_deployment(p.options).bind(config.with_envs(p.envs).model_dump())
         targets.append(RunTarget(target=app, name=p.name, route_prefix=p.route_prefix))
-    routes = {e: [p.name, p.deployment] for p in plans for e in p.envs}
-    replicas = {p.name: _max_replicas(p.options) for p in plans}
-    front = serve.deployment(Front, name="front", num_replicas=options.front_replicas,
-                             max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+    routes, replicas = routes_of(plans)
+    front = front_deployment(options.front_replicas)
     targets.append(RunTarget(target=front.bind(config.model_dump(), routes, replicas),
                              name=FRONT_APP, route_prefix="/"))
     return targets
 
 
-def _max_replicas(options: DeploymentOptions) -> int:
+def max_replicas(options: DeploymentOptions) -> int:
     if options.autoscaling_config:
         return int(options.autoscaling_config.get("max_replicas", options.num_replicas))
     return options.num_replicas

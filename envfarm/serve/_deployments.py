@@ -10,32 +10,35 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections import defaultdict
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from envfarm._asgi import call_asgi
 from envfarm.catalog import load_catalog
+from envfarm.compose import compose_core
 from envfarm.errors import EnvNotFound
 from envfarm.farm import (
+    BatchError,
     BatchItem,
     BatchRequest,
     BatchResponse,
     BatchResult,
+    EnvSummary,
     FarmConfig,
     FarmCore,
     LeaseRequest,
     build_app,
-    owner_of,
+    error_response,
+    install_error_handlers,
+    merge_exposition,
 )
-from envfarm.farm._http import error_response, install_error_handlers
-from envfarm.farm._metrics import merge_exposition
-from envfarm.farm._wire import BatchError, EnvSummary
-from envfarm.serve._asgi_call import ForwardedRequest, ForwardedResponse, call_asgi
 from envfarm.serve._handles import fresh_call
+from envfarm.wire import by_owner
 from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 
 
@@ -56,12 +59,32 @@ def _owner_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_]", "", serve.get_replica_context().replica_id.unique_id)
 
 
+class ForwardedRequest(BaseModel):
+    """An HTTP request the front hands to a pool replica by handle (packed envs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    path: str
+    query_string: bytes = b""
+    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
+    body: bytes = b""
+
+
+class ForwardedResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: int
+    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
+    body: bytes = b""
+
+
 @serve.ingress()
 class PoolReplica:
     """One replica: a pool of instances per env it serves, and the leases on them."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.core = FarmCore(FarmConfig.model_validate(config), owner=_owner_tag())
+        self.core = compose_core(FarmConfig.model_validate(config), owner=_owner_tag())
         self._asgi = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
@@ -82,7 +105,10 @@ class PoolReplica:
 
     async def forward(self, request: ForwardedRequest, owner: str | None = None
                       ) -> ForwardedResponse:
-        return await call_asgi(self._asgi, request)
+        status, headers, body = await call_asgi(self._asgi, request.method, request.path,
+                                                request.query_string, request.headers,
+                                                request.body)
+        return ForwardedResponse(status=status, headers=headers, body=body)
 
     async def metrics_text(self, owner: str) -> bytes:
         return self.core.metrics.render()
@@ -120,26 +146,16 @@ class Front:
         return self.handle_for(where)
 
     async def batch(self, items: list[BatchItem]) -> list[BatchResult]:
-        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-        results: list[BatchResult | None] = [None] * len(items)
-        for i, item in enumerate(items):
-            groups[(item.env, owner_of(item.lease_id))].append(i)
-
-        async def one(env: str, owner: str, idx: list[int]) -> None:
+        async def send(env: str, owner: str, group: list[BatchItem]) -> list[BatchResult]:
             try:
                 handle = self.handle(env)
             except EnvNotFound as exc:
-                for i in idx:
-                    results[i] = BatchResult(lease_id=items[i].lease_id, error=BatchError(
-                        kind=exc.kind.value, message=exc.message, status=exc.status_code))
-                return
-            out = await fresh_call(handle.batch_call, [items[i].model_dump() for i in idx],
-                              owner=owner)
-            for i, res in zip(idx, out):
-                results[i] = BatchResult.model_validate(res)
+                return [BatchResult(lease_id=i.lease_id, error=BatchError.of(exc)) for i in group]
+            out = await fresh_call(handle.batch_call, [i.model_dump() for i in group],
+                                   owner=owner)
+            return [BatchResult.model_validate(res) for res in out]
 
-        await asyncio.gather(*(one(env, owner, idx) for (env, owner), idx in groups.items()))
-        return [r for r in results if r is not None]
+        return await by_owner(items, lambda i: (i.env, i.lease_id), send)
 
     def _build(self) -> FastAPI:
         app = FastAPI(title="envfarm", version="1",
@@ -157,8 +173,7 @@ class Front:
 
         @app.get("/envs", response_model=list[EnvSummary])
         async def envs() -> list[EnvSummary]:
-            return [EnvSummary(name=b.name, description=b.description, tasks=len(b.tasks),
-                               verified_tasks=sorted(b.code_verifiers), served=b.name in served)
+            return [EnvSummary.of(b, served=b.name in served)
                     for b in (self.catalog[n] for n in self.catalog.names)]
 
         @app.get("/metrics")

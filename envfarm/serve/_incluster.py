@@ -3,14 +3,13 @@ skipping Serve's HTTP proxy (the bottleneck on small machines)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
 from typing import Any
 
 from ray import serve
 
 from envfarm.errors import EnvfarmError, EnvNotFound
-from envfarm.farm import BatchResult, CallResponse, LeaseInfo, ReleaseResponse, owner_of
+from envfarm.models import CallResult
+from envfarm.wire import BatchResult, LeaseInfo, ReleaseResponse, by_owner, owner_of
 from envfarm.serve._build import FRONT_APP
 from envfarm.serve._handles import fresh_call
 
@@ -49,23 +48,17 @@ class InClusterFarm:
     async def call_many(self, calls: list[tuple[LeaseInfo, str, dict[str, Any]]]
                         ) -> list[BatchResult]:
         """Many leases' calls: one handle request per owner replica, run concurrently."""
-        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for i, (lease, _, _) in enumerate(calls):
-            groups[(lease.env, owner_of(lease.lease_id))].append(i)
-        results: list[BatchResult | None] = [None] * len(calls)
-
-        async def one(env: str, owner: str, idx: list[int]) -> None:
-            items = [{"env": env, "lease_id": calls[i][0].lease_id, "token": calls[i][0].token,
-                      "tool": calls[i][1], "arguments": calls[i][2]} for i in idx]
+        async def send(env: str, owner: str, group: list[tuple[LeaseInfo, str, dict[str, Any]]]
+                       ) -> list[BatchResult]:
+            items = [{"env": env, "lease_id": lease.lease_id, "token": lease.token,
+                      "tool": tool, "arguments": arguments} for lease, tool, arguments in group]
             out = await fresh_call(self._handle(env).batch_call, items, owner=owner)
-            for i, res in zip(idx, out):
-                results[i] = BatchResult.model_validate(res)
+            return [BatchResult.model_validate(res) for res in out]
 
-        await asyncio.gather(*(one(e, o, idx) for (e, o), idx in groups.items()))
-        return [r for r in results if r is not None]
+        return await by_owner(calls, lambda c: (c[0].env, c[0].lease_id), send)
 
     async def call(self, lease: LeaseInfo, tool: str, arguments: dict[str, Any] | None = None
-                   ) -> CallResponse:
+                   ) -> CallResult:
         (res,) = await self.call_many([(lease, tool, arguments or {})])
         if res.result is None:
             err = res.error

@@ -9,13 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from ray import serve
 from ray.serve import Application
 
 from envfarm.catalog import load_catalog
 from envfarm.farm import FarmConfig
-from envfarm.serve._build import _ROUTER, FRONT_APP, _max_replicas, plan
-from envfarm.serve._deployments import Front, PoolReplica
+from envfarm.serve._build import FRONT_APP, front_deployment, plan, pool_deployment, routes_of
 from envfarm.serve._options import DeploymentOptions, ServeOptions
 
 
@@ -40,16 +38,12 @@ class FrontAppArgs(BaseModel):
 
 def pool_app(args: dict[str, Any]) -> Application:
     a = PoolAppArgs.model_validate(args)
-    dep = serve.deployment(PoolReplica, name="pool", request_router_config=_ROUTER,
-                           **a.deployment.serve_kwargs())
-    return dep.bind(a.farm.model_dump())
+    return pool_deployment(a.deployment).bind(a.farm.model_dump())
 
 
 def front_app(args: dict[str, Any]) -> Application:
     a = FrontAppArgs.model_validate(args)
-    dep = serve.deployment(Front, name="front", max_ongoing_requests=1024,
-                           ray_actor_options={"num_cpus": 0})
-    return dep.bind(a.farm.model_dump(), a.routes, a.replicas)
+    return front_deployment().bind(a.farm.model_dump(), a.routes, a.replicas)
 
 
 def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
@@ -65,9 +59,8 @@ def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
         if p.route_prefix:
             app["route_prefix"] = p.route_prefix
         apps.append(app)
-    front = FrontAppArgs(farm=config, routes={e: [p.name, p.deployment] for p in plans
-                                              for e in p.envs},
-                         replicas={p.name: _max_replicas(p.options) for p in plans})
+    routes, replicas = routes_of(plans)
+    front = FrontAppArgs(farm=config, routes=routes, replicas=replicas)
     apps.append({"name": FRONT_APP, "route_prefix": "/", "import_path":
                  "envfarm.serve.apps:front_app",
                  "args": front.model_dump(mode="json", exclude_defaults=True)})

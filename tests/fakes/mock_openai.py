@@ -18,7 +18,7 @@ Start it, point any OpenAI client at ``.url``, script what it answers, read what
 
 Matching: rules are tried in the order they were added; a rule matches when all of its
 filters match (``stage`` / ``scenario`` compare the ``X-Envfarm-Stage`` / ``X-Envfarm-Scenario``
-headers that ``synth.llm.LLMClient`` sends; ``pattern`` is ``re.search`` on the last user
+headers that ``envfarm.llm.LLMClient`` sends; ``pattern`` is ``re.search`` on the last user
 message, DOTALL; ``match`` is any predicate on the :class:`SeenRequest`) and it still has replies.
 Replies of a rule are used one per request, in order; with ``repeat=True`` the last one is
 served forever. A reply is a ``str`` (the assistant content), a :class:`Reply` (status codes,

@@ -17,7 +17,7 @@ from judge import (
     VerifierCode,
     parse_answer,
 )
-from synth.llm import LLMClient, LLMConfig
+from envfarm.llm import LLMClient, LLMConfig
 from tests.fakes.mock_openai import MockOpenAI, Reply
 
 

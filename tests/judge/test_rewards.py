@@ -42,5 +42,14 @@ def test_unknown_outcome_and_extra_fields_are_rejected():
 
 def test_assignment_is_checked():
     v = Verdict.of(Outcome.completed)
-    v.reward = 0.5  # not validated on assignment, but a round trip re-derives it
-    assert Verdict.model_validate(v.model_dump()).reward == 1.0
+    with pytest.raises(ValidationError):
+        v.reward = 0.5
+    with pytest.raises(ValidationError):
+        v.valid = False
+    assert v.reward == 1.0 and v.valid  # a refused assignment changes nothing
+    bad = Verdict.of(Outcome.invalid)
+    with pytest.raises(ValidationError):
+        bad.reward = 0.0
+    assert bad.reward is None and not bad.valid
+    v.outcome = Outcome.environment_error  # reward and validity follow the outcome
+    assert v.reward is None and not v.valid

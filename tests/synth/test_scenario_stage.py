@@ -12,7 +12,7 @@ import pytest
 from synth._jsonl import read_jsonl
 from synth.config import SynthConfig
 from synth.embed import MiniLMEmbedder, local_model_available
-from synth.llm import LLMClient, LLMConfig
+from envfarm.llm import LLMClient, LLMConfig
 from synth.pipeline import run_pipeline
 from tests.fakes.mock_openai import MockOpenAI, SeenRequest
 from tests.synth.scripted import write_seeds

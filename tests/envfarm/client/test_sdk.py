@@ -22,7 +22,8 @@ from envfarm.client import (
     reference_episode,
 )
 from envfarm.errors import EnvNotFound
-from envfarm.farm import FarmConfig, FarmCore, LocalFarm, PoolConfig, build_app
+from envfarm.compose import LocalFarm, compose_core
+from envfarm.farm import FarmConfig, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 
 ENV = "hotel_booking_1"
@@ -30,7 +31,7 @@ ENV = "hotel_booking_1"
 
 @pytest.fixture
 async def farm(bundled_catalog, hotel_runtime) -> AsyncIterator[Farm]:
-    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2, max_instances=3)),
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2, max_instances=3)),
                     catalog=bundled_catalog, runtimes={ENV: hotel_runtime})
     app = build_app(core)
     async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as f:
@@ -122,7 +123,7 @@ class _Lost(_Flaky):
 
 
 async def test_retries_only_where_safe(bundled_catalog, hotel_runtime):
-    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2)), catalog=bundled_catalog,
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2)), catalog=bundled_catalog,
                     runtimes={ENV: hotel_runtime})
     inner = ASGITransport(build_app(core))
     async with Farm("http://farm", transport=_Flaky(inner, 2), backoff_s=0) as farm:

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from envfarm import EnvRuntime
-from envfarm.farm import FarmConfig, FarmCore, LeasePolicy, PoolConfig, build_app
+from envfarm.compose import compose_core
+from envfarm.farm import FarmConfig, LeasePolicy, PoolConfig, build_app
 
 ENV = "hotel_booking_1"
 
@@ -25,7 +26,7 @@ def make_core(bundled_catalog, hotel_runtime) -> Callable[..., FarmCore]:
     def make(**overrides) -> FarmCore:
         config = FarmConfig(envs=[ENV], pool=overrides.pop("pool", PoolConfig(warm=2)),
                             leases=overrides.pop("leases", LeasePolicy()), **overrides)
-        return FarmCore(config, catalog=bundled_catalog, runtimes={ENV: hotel_runtime})
+        return compose_core(config, catalog=bundled_catalog, runtimes={ENV: hotel_runtime})
     return make
 
 

@@ -3,12 +3,13 @@ with an empty database, communication_messaging_1 with tables from its ORM)."""
 
 from __future__ import annotations
 
-from envfarm.farm import FarmConfig, FarmCore, PoolConfig
+from envfarm.compose import compose_core
+from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import farm_client
 
 
 async def test_every_servable_awm_sample_leases_and_calls(awm_catalog):
-    core = FarmCore(FarmConfig(pool=PoolConfig(warm=1)), catalog=awm_catalog)
+    core = compose_core(FarmConfig(pool=PoolConfig(warm=1)), catalog=awm_catalog)
     assert set(core.env_names()) == set(awm_catalog.servable)
     async with farm_client(core) as client:
         for env in core.env_names():

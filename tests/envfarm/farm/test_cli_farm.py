@@ -10,7 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from envfarm import cli_farm
-from envfarm.farm import FarmConfig, LocalFarm, PoolConfig, free_port
+from envfarm.compose import LocalFarm
+from envfarm.farm import FarmConfig, PoolConfig, free_port
 from tests.envfarm.farm.conftest import ENV
 
 runner = CliRunner()

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from envfarm.farm import FarmConfig, LocalFarm, PoolConfig
+from envfarm.compose import LocalFarm
+from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import ENV
 
 

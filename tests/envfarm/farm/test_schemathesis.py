@@ -7,13 +7,14 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from envfarm import EnvRuntime, load_catalog
-from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
+from envfarm.compose import compose_core
+from envfarm.farm import FarmConfig, PoolConfig, build_app
 
 ENV = "hotel_booking_1"
 
 # Built at collection: schemathesis parametrizes from the schema itself.
 _catalog = load_catalog()
-_core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1, max_instances=64)),
+_core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1, max_instances=64)),
                  catalog=_catalog, runtimes={ENV: EnvRuntime(_catalog[ENV])})
 schema = schemathesis.openapi.from_asgi("/openapi.json", build_app(_core))
 

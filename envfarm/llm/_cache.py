@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from envfarm.errors import LLMError
-from synth.llm._types import Recorded
+from envfarm.llm._types import Recorded
 
 
 class ResponseCache:

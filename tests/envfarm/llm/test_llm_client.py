@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envfarm.errors import LLMError
-from synth.llm import LLMClient, LLMConfig, Price
+from envfarm.llm import LLMClient, LLMConfig, Price
 from tests.fakes.mock_openai import MockOpenAI, Reply
 
 MSG = [{"role": "user", "content": "Say hello"}]
@@ -116,13 +116,6 @@ def test_config_from_env_and_stage_models(monkeypatch: pytest.MonkeyPatch) -> No
     assert cfg.base_url == "http://127.0.0.1:9/v1"
     assert cfg.model_for("env") == "big" and cfg.model_for("task") == "m-flag"
     assert cfg.model_for("env.fix") == "big" and cfg.model_for(None) == "m-flag"
-
-
-def test_public_api_is_sorted_and_importable() -> None:
-    import synth.llm
-
-    assert synth.llm.__all__ == sorted(synth.llm.__all__)
-    assert all(hasattr(synth.llm, name) for name in synth.llm.__all__)
 
 
 async def test_concurrency_is_bounded(mock_openai: MockOpenAI) -> None:

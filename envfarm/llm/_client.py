@@ -11,10 +11,10 @@ from typing import Any
 import openai
 
 from envfarm.errors import LLMError
-from synth.llm._accounting import UsageLedger
-from synth.llm._cache import ReplayFile, ResponseCache
-from synth.llm._config import ENV_BASE_URL, ENV_MODEL, LLMConfig
-from synth.llm._types import ChatRequest, ChatResult, Recorded, Usage
+from envfarm.llm._accounting import UsageLedger
+from envfarm.llm._cache import ReplayFile, ResponseCache
+from envfarm.llm._config import ENV_BASE_URL, ENV_MODEL, LLMConfig
+from envfarm.llm._types import ChatRequest, ChatResult, Recorded, Usage
 
 log = logging.getLogger(__name__)
 

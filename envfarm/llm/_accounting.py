@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from synth.llm._types import Usage
+from envfarm.llm._types import Usage
 
 
 class UsageLedger:

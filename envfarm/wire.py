@@ -1,13 +1,91 @@
-"""Wire models of the lease API: every request and response body is one of these."""
+"""Wire models of the lease API: every request and response body is one of these.
+
+A contract: the farm answers with these and the SDK reads them; importing them loads no server.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envfarm.models import CallResult, ToolSpec
+from envfarm.errors import EnvfarmError
+from envfarm.models import CallResult, EnvBundle, ToolSpec
+from envfarm.verdict import Verdict
+
+__all__ = [
+    "LEASE_ID_PATTERN",
+    "OWNER_PATTERN",
+    "BatchError",
+    "BatchItem",
+    "BatchRequest",
+    "BatchResponse",
+    "BatchResult",
+    "CallRequest",
+    "EnvDetail",
+    "EnvSummary",
+    "ErrorBody",
+    "Health",
+    "LeaseBatchRequest",
+    "LeaseInfo",
+    "LeaseRequest",
+    "PoolStats",
+    "ReleaseResponse",
+    "ReleaseStatus",
+    "ResetResponse",
+    "VerifyRequest",
+    "VerifyResponse",
+    "by_owner",
+    "new_lease_id",
+    "new_owner_tag",
+    "owner_of",
+]
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# -- lease ids: ``<owner>-<random hex>``; the owner tag names the process/replica holding it ------
+OWNER_PATTERN = r"^[A-Za-z0-9_]+$"
+LEASE_ID_PATTERN = r"^[A-Za-z0-9_]+-[0-9a-f]+$"
+
+
+def new_owner_tag() -> str:
+    """A random owner tag for a process that has no Serve replica id."""
+    return "p" + secrets.token_hex(4)
+
+
+def new_lease_id(owner: str) -> str:
+    return f"{owner}-{secrets.token_hex(8)}"
+
+
+def owner_of(lease_id: str) -> str:
+    """The owner tag a lease id names ('' when it names none)."""
+    return lease_id.rpartition("-")[0]
+
+
+async def by_owner(items: Sequence[T], where: Callable[[T], tuple[str, str]],
+                   send: Callable[[str, str, list[T]], Awaitable[Sequence[R]]]) -> list[R]:
+    """Send ``items`` in one request per (env, owner) of ``where(item)`` = (env, lease id), all
+    at once; the answers come back in the order of ``items``. Used by the SDK, the front and
+    in-cluster clients alike, so a batch takes one hop per owner replica."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, item in enumerate(items):
+        env, lease_id = where(item)
+        groups.setdefault((env, owner_of(lease_id)), []).append(i)
+    out: list[Any] = [None] * len(items)
+
+    async def one(env: str, owner: str, idx: list[int]) -> None:
+        answers = await send(env, owner, [items[i] for i in idx])
+        for i, answer in zip(idx, answers, strict=True):
+            out[i] = answer
+
+    await asyncio.gather(*(one(env, owner, idx) for (env, owner), idx in groups.items()))
+    return out
 
 
 class _Wire(BaseModel):
@@ -23,6 +101,11 @@ class EnvSummary(_Wire):
     verified_tasks: list[int] = Field(default_factory=list,
                                       description="Task indexes with a code-mode verifier.")
     served: bool = Field(description="Whether this farm serves leases of the env.")
+
+    @classmethod
+    def of(cls, bundle: EnvBundle, served: bool) -> EnvSummary:
+        return cls(name=bundle.name, description=bundle.description, tasks=len(bundle.tasks),
+                   verified_tasks=sorted(bundle.code_verifiers), served=served)
 
 
 class EnvDetail(EnvSummary):
@@ -81,10 +164,6 @@ class CallRequest(_Wire):
     arguments: dict[str, Any] = Field(default_factory=dict, description="Flat JSON arguments.")
 
 
-class CallResponse(CallResult):
-    """Outcome of one tool call: ``{ok, result}`` or ``{ok: false, error: {kind, message}}``."""
-
-
 class ResetResponse(_Wire):
     lease_id: str
     reset: bool = True
@@ -98,18 +177,14 @@ class VerifyRequest(_Wire):
                                      description="The agent's final answer, if any.")
 
 
-class VerifyResponse(_Wire):
-    """Verdict of the code-mode verifier on the lease's initial vs current state."""
+class VerifyResponse(Verdict):
+    """The judge's verdict on a lease's episode (initial vs current state), and its task.
 
-    task_idx: int
-    outcome: str = Field(description="The judge's outcome: completed, agent_error, invalid, ... "
-                                     "(judge.Outcome).")
-    reward: float | None = Field(description="judge.reward_for(outcome): 1.0 completed, 0.0 not "
-                                             "completed, null when invalid.")
-    valid: bool = Field(description="False when the verifier (or env) failed: drop, don't score.")
-    reason: str = Field("", description="One line on why.")
-    details: dict[str, Any] = Field(default_factory=dict,
-                                    description="What the verifier returned, or why it failed.")
+    ``environment_error`` (reward null) when a tool call of the episode failed on the env's
+    side; ``invalid`` (reward null) when the verifier failed or the task has none.
+    """
+
+    task_idx: int = Field(description="The task the episode was judged against.")
 
 
 class ReleaseStatus(str, Enum):
@@ -142,15 +217,21 @@ class BatchRequest(_Wire):
 
 class BatchError(_Wire):
     kind: str
+    type: str | None = Field(default=None, description="The error's class (envfarm.errors).")
     message: str
     status: int = Field(description="The HTTP status this error would have had alone.")
+
+    @classmethod
+    def of(cls, exc: EnvfarmError) -> BatchError:
+        return cls(kind=exc.kind.value, type=type(exc).__name__, message=exc.message,
+                   status=exc.status_code)
 
 
 class BatchResult(_Wire):
     """One item's outcome: a call result, or the lease-level error it hit."""
 
     lease_id: str
-    result: CallResponse | None = None
+    result: CallResult | None = None
     error: BatchError | None = None
 
 
@@ -167,7 +248,7 @@ class Health(_Wire):
 
 
 class ErrorBody(_Wire):
-    """Every error response: ``{"error": {kind, message, ...}}``."""
+    """Every error response: ``{"error": {kind, type, message, ...}}``."""
 
     error: dict[str, Any]
 

@@ -1,0 +1,77 @@
+"""Where the farm meets the judge: a ``FarmCore`` built with the judge as its verifier.
+
+The farm knows only the ``EpisodeVerifier`` protocol (``envfarm.verdict``); this module is the
+one place that picks the implementation, for the CLI, Serve replicas, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Self
+
+from envfarm.catalog import Catalog
+from envfarm.farm import FarmConfig, FarmCore, VerifierFactory, free_port, make_server
+from envfarm.runtime import EnvRuntime
+
+__all__ = [
+    "LocalFarm",
+    "code_judge",
+    "compose_core",
+]
+
+
+def code_judge(config: FarmConfig) -> VerifierFactory:
+    """The judge in code-only mode (verifier code in its sandbox, no LLM), sized by ``config``."""
+
+    def make() -> object:
+        # Imported here: a farm that never verifies never loads the judge.
+        from judge import Judge, JudgeConfig, SandboxConfig
+
+        sandbox = SandboxConfig(workers=config.verifier_workers,
+                                timeout_s=config.verifier_timeout_s)
+        return Judge(JudgeConfig(use_llm="never", check_format=False, sandbox=sandbox))
+
+    return make
+
+
+def compose_core(config: FarmConfig, owner: str | None = None, catalog: Catalog | None = None,
+                 runtimes: dict[str, EnvRuntime] | None = None) -> FarmCore:
+    """A farm core that verifies leases with the judge."""
+    return FarmCore(config, owner=owner, catalog=catalog, runtimes=runtimes,
+                    verifier=code_judge(config))
+
+
+class LocalFarm:
+    """A ``--no-ray`` farm on a background thread (demo, tests, benchmarks)."""
+
+    def __init__(self, config: FarmConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.core = compose_core(config)
+        self.host = host
+        self.port = port or free_port(host)
+        self.server = make_server(self.core, host, self.port)
+        self._thread = threading.Thread(target=self.server.run, name="envfarm-local",
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> Self:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"local farm did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=15)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

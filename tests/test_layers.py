@@ -1,0 +1,147 @@
+"""The packages are layered one way, read from the source (every import, lazy ones included):
+
+    contracts < runtime < farm | client < judge < synth < compose/serve < trainer < cli
+
+A module imports only from its own layer group or the ones below; the farm and the client (one
+layer, two groups) know nothing of each other; a private module (``x._y``) is imported only from
+inside the package ``x``; nothing imports the command line. The SDK's weight is checked by
+importing it with the server side blocked.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("envfarm", "judge", "synth", "trainer")
+
+#: (group, rank, module prefixes); the longest matching prefix places a module.
+LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
+    ("contracts", 0, ("envfarm.errors", "envfarm.models", "envfarm.wire", "envfarm.verdict")),
+    ("runtime", 1, ("envfarm", "envfarm.catalog", "envfarm.llm", "envfarm.check")),
+    ("farm", 2, ("envfarm.farm",)),
+    ("client", 2, ("envfarm.client",)),
+    ("judge", 3, ("judge",)),
+    ("synth", 4, ("synth",)),
+    ("compose", 5, ("envfarm.compose", "envfarm.serve")),
+    ("trainer", 6, ("trainer",)),
+    ("cli", 7, ("envfarm.cli", "envfarm.cli_envs", "envfarm.cli_farm")),
+]
+
+
+def place(module: str) -> tuple[str, int]:
+    best: tuple[int, str, int] | None = None
+    for group, rank, prefixes in LAYERS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                    best is None or len(prefix) > best[0]):
+                best = (len(prefix), group, rank)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[1], best[2]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
+
+
+def imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every absolute first-party import in a file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: use absolute imports"
+            out.append((node.lineno, node.module or "", [a.name for a in node.names]))
+    return [(line, mod, names) for line, mod, names in out if mod.split(".")[0] in PACKAGES]
+
+
+def private_owner(target: str, names: list[str]) -> str | None:
+    """The package a private import reaches into (``a.b`` for ``a.b._c`` or ``from a.b import
+    _c``), or None when nothing private is imported."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_"):
+            return ".".join(parts[:i])
+    if any(n.startswith("_") for n in names):
+        return target
+    return None
+
+
+def violations(module: str, imported: list[tuple[int, str, list[str]]]) -> list[str]:
+    group, rank = place(module)
+    found = []
+    for line, target, names in imported:
+        t_group, t_rank = place(target)
+        if t_rank > rank or (t_rank == rank and t_group != group):
+            found.append(f"{module}:{line} ({group}) imports {target} ({t_group})")
+        owner = private_owner(target, names)
+        if owner is not None and not (module == owner or module.startswith(owner + ".")):
+            found.append(f"{module}:{line} reaches into private {target} {names or ''}")
+    return found
+
+
+def test_every_import_points_down():
+    found = []
+    for path in sources():
+        found += violations(module_name(path), imports(path))
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("module", "target", "names"), [
+    ("envfarm.farm._core", "judge", ["Judge"]),            # the farm is handed its verifier
+    ("judge.core", "synth.llm", ["LLMClient"]),             # upward
+    ("envfarm.client._client", "envfarm.farm", ["Lease"]),  # sideways: the SDK is light
+    ("synth.stages.env", "envfarm.cli", ["app"]),           # nothing imports the CLI
+    ("envfarm.serve._build", "envfarm.farm._http", ["error_response"]),  # private
+    ("trainer", "envfarm.farm", ["_core"]),                 # private, spelled the other way
+])
+def test_the_check_catches(module, target, names):
+    assert violations(module, [(1, target, names)])
+
+
+def test_the_check_allows_what_the_layers_allow():
+    assert not violations("envfarm.serve._deployments", [(1, "envfarm._asgi", ["call_asgi"])])
+    assert not violations("envfarm.compose", [(1, "judge", ["Judge"])])
+    assert not violations("envfarm.cli", [(1, "synth.cli", ["app"])])
+    assert not violations("envfarm.farm._core", [(1, "envfarm.farm._pool", ["InstancePool"])])
+
+
+_BLOCKED = """
+import sys
+BLOCKED = ("fastapi", "fastmcp", "uvicorn", "sqlalchemy", "ray", "starlette", "judge", "synth")
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked: the SDK must not need it")
+sys.meta_path.insert(0, _Block())
+import envfarm.errors, envfarm.models, envfarm.wire, envfarm.verdict
+from envfarm.client import Farm, SyncFarm, error_from_wire, LeaseLost
+from envfarm.errors import LeaseGone, TaskNotFound
+farm = Farm("http://127.0.0.1:9")  # a client is made without touching the network
+assert farm.url == "http://127.0.0.1:9"
+body = b'{"error": {"kind": "not_found", "type": "TaskNotFound", "message": "no task 9"}}'
+assert type(error_from_wire(404, body)) is TaskNotFound
+gone = b'{"error": {"kind": "gone", "type": "LeaseGone", "message": "closed"}}'
+assert isinstance(error_from_wire(410, gone), LeaseLost)
+print("ok")
+"""
+
+
+def test_the_sdk_and_contracts_load_without_the_server():
+    out = subprocess.run([sys.executable, "-c", _BLOCKED], check=False, capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
