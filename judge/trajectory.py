@@ -132,21 +132,54 @@ def parse_turn(msg: Message) -> Turn:
 
 
 def tool_result(msg: Message) -> tuple[bool, str | None, Any]:
-    """(ok, error kind, payload) of a tool message; content that is not the farm's JSON is ok."""
+    """(ok, error kind, payload) of a tool message.
+
+    Failures are read in every shape the farm sends them: its call answer (``{"ok": false,
+    "error": {kind, message}}``), its error body (``{"error": {...}}``), an MCP result
+    (``isError``) and MCP's plain text (``"env_error: ..."``). Only an ``agent_error`` is the
+    agent's fault; a failure of any other kind, or of none, is the environment's. Content that is
+    none of these is a successful result.
+    """
+    text = msg.content or ""
     try:
-        data = json.loads(msg.content or "")
+        data = json.loads(text)
     except ValueError:
-        return True, None, msg.content
-    if isinstance(data, dict) and "ok" in data:
+        said = _said_kind(text)
+        return (True, None, msg.content) if said is None else (False, said[0], said[1])
+    if not isinstance(data, dict):
+        return True, None, data
+    if "ok" in data:  # the farm's call answer
         if data.get("ok"):
             return True, None, data.get("result")
         error = data.get("error") if isinstance(data.get("error"), dict) else {}
-        kind = error.get("kind") or "agent_error"
         status = data.get("status")
+        kind = error.get("kind")
         if isinstance(status, int) and status >= 500:
             kind = "env_error"
-        return False, str(kind), error.get("message")
+        return False, _blame(kind), error.get("message")
+    if data.get("isError") is True or data.get("is_error") is True:  # an MCP tool result
+        words = " ".join(str(c.get("text", "")) for c in data.get("content") or []
+                         if isinstance(c, dict))
+        said = _said_kind(words)
+        return False, said[0] if said else "env_error", said[1] if said else words
+    error = data.get("error")
+    if set(data) == {"error"} and isinstance(error, dict) and "message" in error:
+        return False, _blame(error.get("kind")), error.get("message")  # the farm's error body
     return True, None, data
+
+
+_KIND_PREFIX = re.compile(r"^\s*(agent_error|env_error)\s*:\s*", re.IGNORECASE)
+
+
+def _said_kind(text: str) -> tuple[str, str] | None:
+    """``("env_error", rest)`` for text like ``env_error: boom`` (how MCP carries our errors)."""
+    match = _KIND_PREFIX.match(text)
+    return (match.group(1).lower(), text[match.end():]) if match else None
+
+
+def _blame(kind: object) -> str:
+    # Only the agent's own mistakes score 0; anything else the farm reports is not the agent's.
+    return "agent_error" if kind == "agent_error" else "env_error"
 
 
 def listed_tools(payload: Any) -> list[ToolSchema] | None:

@@ -21,8 +21,8 @@ from envfarm.client import (
     TransportError,
     reference_episode,
 )
-from envfarm.errors import EnvNotFound
 from envfarm.compose import LocalFarm, compose_core
+from envfarm.errors import EnvNotFound
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 

@@ -11,7 +11,7 @@ import pytest
 
 from envfarm import EnvRuntime
 from envfarm.compose import compose_core
-from envfarm.farm import FarmConfig, LeasePolicy, PoolConfig, build_app
+from envfarm.farm import FarmConfig, FarmCore, LeasePolicy, PoolConfig, build_app
 
 ENV = "hotel_booking_1"
 
