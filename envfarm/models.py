@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "CallResult",
+    "Criteria",
     "DBSchema",
     "EnvBundle",
     "SampleData",
@@ -18,6 +19,7 @@ __all__ = [
     "ToolError",
     "ToolSpec",
     "Verifier",
+    "parse_raw_response",
 ]
 
 
@@ -60,12 +62,40 @@ class Verifier(_Model):
 
     @property
     def criteria(self) -> dict[str, Any]:
-        """success/failure criteria from AWM's raw_response, when it is JSON."""
-        try:
-            parsed = json.loads(self.raw_response) if self.raw_response else {}
-        except json.JSONDecodeError:
-            return {}
-        return parsed if isinstance(parsed, dict) else {}
+        """The criteria AWM's raw_response gives (``parse_raw_response``), the ones it has."""
+        return parse_raw_response(self.raw_response).model_dump(exclude_none=True)
+
+
+class Criteria(_Model):
+    """Success/failure criteria an sql-mode verifier comes with (from AWM's raw_response)."""
+
+    function_name: str | None = Field(default=None, description="function the code defines")
+    success_criteria: str | None = Field(default=None, description="what success looks like")
+    failure_criteria: str | None = Field(default=None, description="what failure looks like")
+    reasoning: str | None = Field(default=None, description="the verifier author's reasoning")
+
+
+def parse_raw_response(raw: str | None) -> Criteria:
+    """AWM's ``raw_response`` is a JSON object for sql mode and often empty for code mode."""
+    if not raw or not raw.strip():
+        return Criteria()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return Criteria()
+    if not isinstance(data, dict):
+        return Criteria()
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value if isinstance(value, str) and value.strip() else None
+
+    return Criteria(
+        function_name=text("function_name"),
+        success_criteria=text("success_criteria"),
+        failure_criteria=text("failure_criteria"),
+        reasoning=text("reasoning"),
+    )
 
 
 class ToolCall(_Model):

@@ -9,12 +9,13 @@ that decides by itself. Anything else is whatever function AWM's ``raw_response`
 from __future__ import annotations
 
 import ast
-import json
 import threading
 from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from envfarm.models import Criteria, parse_raw_response
 
 Mode = Literal["code", "sql"]
 
@@ -34,40 +35,6 @@ class VerifierSpec(BaseModel):
     function: str = Field(description="name of the function to call")
     takes_answer: bool = Field(default=True, description="the function accepts final_answer")
     syntax_error: str | None = Field(default=None, description="why the code does not parse")
-
-
-class Criteria(BaseModel):
-    """Success/failure criteria an sql-mode verifier comes with (from AWM's raw_response)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    function_name: str | None = Field(default=None, description="function the code defines")
-    success_criteria: str | None = Field(default=None, description="what success looks like")
-    failure_criteria: str | None = Field(default=None, description="what failure looks like")
-    reasoning: str | None = Field(default=None, description="the verifier author's reasoning")
-
-
-def parse_raw_response(raw: str | None) -> Criteria:
-    """AWM's ``raw_response`` is a JSON object for sql mode and often empty for code mode."""
-    if not raw or not raw.strip():
-        return Criteria()
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return Criteria()
-    if not isinstance(data, dict):
-        return Criteria()
-
-    def text(key: str) -> str | None:
-        value = data.get(key)
-        return value if isinstance(value, str) and value.strip() else None
-
-    return Criteria(
-        function_name=text("function_name"),
-        success_criteria=text("success_criteria"),
-        failure_criteria=text("failure_criteria"),
-        reasoning=text("reasoning"),
-    )
 
 
 def detect(code: str, mode: Mode | None = None, function: str | None = None,

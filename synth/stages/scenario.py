@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from envfarm.catalog import normalize_name
 from envfarm.errors import SynthesisError
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._jsonl import read_jsonl
-from synth._names import normalize_name
 from synth._parse import ParseError, extract_json
 from synth.embed import cosine_matrix
 from synth.report import StageReport
