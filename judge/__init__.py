@@ -1,9 +1,13 @@
-"""envfarm's judge: sandboxed verifier execution, format rules, rewards and the LLM judge.
+"""envfarm's judge: sandboxed verifier execution, format rules and the LLM judge.
 
     from judge import VerifierSandbox, Judge, reward_for, check_format
+
+Outcomes, verdicts and rewards are contracts (``envfarm.verdict``), re-exported here.
 """
 
-from judge._verifier_code import Criteria, VerifierSpec, detect, parse_raw_response
+from envfarm.models import Criteria, parse_raw_response
+from envfarm.verdict import REWARDS, Outcome, Verdict, reward_for
+from judge._verifier_code import VerifierSpec, detect
 from judge.core import (
     Judge,
     JudgeConfig,
@@ -13,8 +17,7 @@ from judge.core import (
     code_only_verdict,
 )
 from judge.format_rules import FormatReport, FormatRule, check_format
-from judge.llm_judge import LLMJudge, LLMVerdict, ParseError, parse_answer
-from envfarm.verdict import REWARDS, Outcome, Verdict, reward_for
+from judge.llm_judge import AnswerParseError, LLMJudge, LLMVerdict, parse_answer
 from judge.sandbox import (
     SandboxConfig,
     VerifierErrorKind,
@@ -25,6 +28,7 @@ from judge.trajectory import Message, ToolSchema, Trajectory
 
 __all__ = [
     "REWARDS",
+    "AnswerParseError",
     "Criteria",
     "FormatReport",
     "FormatRule",
@@ -36,7 +40,6 @@ __all__ = [
     "LLMVerdict",
     "Message",
     "Outcome",
-    "ParseError",
     "SandboxConfig",
     "ToolSchema",
     "Trajectory",

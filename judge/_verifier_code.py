@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envfarm.models import Criteria, parse_raw_response
+from envfarm.models import parse_raw_response
 
 Mode = Literal["code", "sql"]
 

@@ -24,8 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from judge.core import Judge, JudgeConfig, JudgeRequest, JudgeResponse
 from envfarm.verdict import Outcome, Verdict
+from judge.core import Judge, JudgeConfig, JudgeRequest, JudgeResponse
 from judge.sandbox import SandboxConfig
 
 

@@ -22,10 +22,11 @@ from pydantic import (
 )
 
 from envfarm.errors import LLMError
-from judge._verifier_code import Criteria, Mode, parse_raw_response
+from envfarm.models import Criteria, parse_raw_response
+from envfarm.verdict import COMPLETE, NOT_COMPLETE, Outcome, Verdict, code_result_outcome
+from judge._verifier_code import Mode
 from judge.format_rules import check_format
 from judge.llm_judge import LLMJudge
-from envfarm.verdict import COMPLETE, NOT_COMPLETE, Outcome, Verdict, code_result_outcome
 from judge.sandbox import DbInput, SandboxConfig, VerifierResult, VerifierSandbox
 from judge.trajectory import Trajectory
 

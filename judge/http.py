@@ -15,8 +15,8 @@ from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
-from judge.core import Judge, JudgeRequest, JudgeResponse
 from envfarm.verdict import Verdict
+from judge.core import Judge, JudgeRequest, JudgeResponse
 
 Submit = Callable[[JudgeRequest], Awaitable[Verdict]]
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envfarm.errors import LLMError
-from judge._verifier_code import Criteria
+from envfarm.models import Criteria
 from envfarm.verdict import Outcome, Verdict
 from judge.sandbox import VerifierResult
 from judge.trajectory import Trajectory, parse_turn
@@ -89,7 +89,7 @@ class LLMVerdict(BaseModel):
         return value
 
 
-class ParseError(ValueError):
+class AnswerParseError(ValueError):
     """The judge model's answer is not the JSON object asked for."""
 
 
@@ -101,19 +101,19 @@ def parse_answer(text: str) -> LLMVerdict:
         body = fence.group(1)
     start, end = body.find("{"), body.rfind("}")
     if start < 0 or end < start:
-        raise ParseError("no JSON object in the answer")
+        raise AnswerParseError("no JSON object in the answer")
     try:
         data = json.loads(body[start:end + 1])
     except ValueError as exc:
-        raise ParseError(f"invalid JSON: {exc}") from None
+        raise AnswerParseError(f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ParseError("the answer is not a JSON object")
+        raise AnswerParseError("the answer is not a JSON object")
     try:
         return LLMVerdict.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "answer"
-        raise ParseError(f"{where}: {first['msg']}") from None
+        raise AnswerParseError(f"{where}: {first['msg']}") from None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -183,7 +183,7 @@ class LLMJudge:
                                   details={"verifier": verifier.result, "attempts": errors})
             try:
                 answer = parse_answer(res.text)
-            except ParseError as exc:
+            except AnswerParseError as exc:
                 errors.append(str(exc))
                 messages = [*messages, {"role": "assistant", "content": res.text},
                             {"role": "user", "content": REPAIR_PROMPT.format(error=exc)}]

@@ -21,9 +21,9 @@ from ray.serve.deployment import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from envfarm.verdict import Verdict
 from judge.core import Judge, JudgeConfig, JudgeRequest
 from judge.http import answer_body
-from envfarm.verdict import Verdict
 
 
 class JudgeServiceConfig(BaseModel):

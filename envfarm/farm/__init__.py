@@ -7,7 +7,7 @@ Used as is by ``envfarm serve --no-ray`` and inside every Serve replica; whoever
 from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound
 from envfarm.farm._app import build_app
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
-from envfarm.farm._core import FarmCore, Lease, VerifierFactory
+from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
 from envfarm.farm._http import error_response, install_error_handlers
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
@@ -48,10 +48,10 @@ __all__ = [
     "FarmCore",
     "Health",
     "InstancePool",
-    "Lease",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",
+    "LeaseRecord",
     "LeaseRequest",
     "PayloadTooLarge",
     "PoolConfig",

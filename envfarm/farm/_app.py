@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPBearer
 from starlette.routing import Route
 
-from envfarm.farm._core import FarmCore, Lease
+from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.models import CallResult, ToolSpec
@@ -73,7 +73,7 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
     app.state.core = core
 
-    def lease_of(request: Request, env: str, lease_id: str) -> Lease:
+    def lease_of(request: Request, env: str, lease_id: str) -> LeaseRecord:
         return core.lease(env, lease_id, bearer(request))
 
     @app.get("/healthz", response_model=Health, tags=["farm"])

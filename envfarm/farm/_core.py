@@ -60,7 +60,9 @@ VerifierFactory = Callable[[], EpisodeVerifier]
 
 
 @dataclass(eq=False)
-class Lease:
+class LeaseRecord:
+    """The farm's record of one lease (the SDK's handle on it is ``envfarm.client.Lease``)."""
+
     lease_id: str
     env: str
     token: str
@@ -106,7 +108,7 @@ class FarmCore:
                 continue
             self.runtimes[name] = runtime
             self.pools[name] = InstancePool(runtime, config.pool_for(name))
-        self.leases: dict[str, Lease] = {}
+        self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str], str] = {}
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = _LazyVerifier(verifier)
@@ -208,10 +210,11 @@ class FarmCore:
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
         instance = self.pools[name].acquire()
-        lease = Lease(lease_id=new_lease_id(self.owner), env=name,
-                      token=secrets.token_urlsafe(24), instance=instance, task_idx=req.task_idx,
-                      expires_at=time.time() + ttl, idle_timeout_s=min(policy.idle_timeout_s, ttl),
-                      idempotency_key=req.idempotency_key)
+        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
+                            token=secrets.token_urlsafe(24), instance=instance,
+                            task_idx=req.task_idx, expires_at=time.time() + ttl,
+                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
+                            idempotency_key=req.idempotency_key)
         self.leases[lease.lease_id] = lease
         if req.idempotency_key is not None:
             self._idempotent[(name, req.idempotency_key)] = lease.lease_id
@@ -227,7 +230,7 @@ class FarmCore:
             out.append(self.create_lease(env, req.model_copy(update={"idempotency_key": key})))
         return out
 
-    def _info(self, lease: Lease, mcp_prefix: str) -> LeaseInfo:
+    def _info(self, lease: LeaseRecord, mcp_prefix: str) -> LeaseInfo:
         task = None
         if lease.task_idx is not None:
             task = self.runtimes[lease.env].bundle.tasks[lease.task_idx]
@@ -236,7 +239,7 @@ class FarmCore:
                          mcp_url=f"{mcp_prefix}/envs/{lease.env}/leases/{lease.lease_id}/mcp",
                          task_idx=lease.task_idx, task=task)
 
-    def lease(self, env: str | None, lease_id: str, token: str | None) -> Lease:
+    def lease(self, env: str | None, lease_id: str, token: str | None) -> LeaseRecord:
         """The lease, if the caller may use it: 401 / 403 / 404 / 410 otherwise."""
         if not token:
             raise LeaseUnauthorized("lease calls need 'Authorization: Bearer <lease token>'",
@@ -277,7 +280,7 @@ class FarmCore:
         self._close(lease, "released by its holder")
         return ReleaseResponse(lease_id=lease_id, status=ReleaseStatus.closed)
 
-    def _close(self, lease: Lease, why: str) -> None:
+    def _close(self, lease: LeaseRecord, why: str) -> None:
         if self.leases.pop(lease.lease_id, None) is None:
             return
         if lease.idempotency_key is not None:
@@ -289,10 +292,10 @@ class FarmCore:
         self.metrics.lease_events.labels(lease.env, why.split(" ")[0]).inc()
 
     # -- per-lease operations -------------------------------------------------------------------
-    def tools(self, lease: Lease) -> list[ToolSpec]:
+    def tools(self, lease: LeaseRecord) -> list[ToolSpec]:
         return lease.instance.tools
 
-    async def call(self, lease: Lease, tool: str, arguments: dict) -> CallResult:
+    async def call(self, lease: LeaseRecord, tool: str, arguments: dict) -> CallResult:
         res = await lease.instance.call(tool, arguments)
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
@@ -302,16 +305,16 @@ class FarmCore:
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
         return res
 
-    async def reset(self, lease: Lease) -> None:
+    async def reset(self, lease: LeaseRecord) -> None:
         async with lease.instance.lock:
             lease.instance.reset()
             lease.env_errors.clear()  # a new episode begins
 
-    async def snapshot(self, lease: Lease) -> bytes:
+    async def snapshot(self, lease: LeaseRecord) -> bytes:
         async with lease.instance.lock:
             return lease.instance.snapshot()
 
-    async def verify(self, lease: Lease, req: VerifyRequest) -> VerifyResponse:
+    async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
         task_idx = req.task_idx if req.task_idx is not None else lease.task_idx
         bundle = self.catalog[lease.env]
         if task_idx is None:

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from envfarm.errors import EnvfarmError
-from envfarm.farm._core import FarmCore, Lease
+from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._http import bearer, error_response
 from envfarm.models import ToolSpec
 
@@ -33,7 +33,7 @@ class _LeaseTool(Tool):
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         scope = get_http_request().scope
         core: FarmCore = scope[_LEASE_KEY + ".core"]
-        lease: Lease = scope[_LEASE_KEY]
+        lease: LeaseRecord = scope[_LEASE_KEY]
         res = await core.call(lease, self.name, arguments)
         if res.ok:
             structured = res.result if isinstance(res.result, dict) else {"result": res.result}

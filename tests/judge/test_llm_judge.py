@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from envfarm.llm import LLMClient, LLMConfig
 from judge import (
+    AnswerParseError,
     Judge,
     JudgeConfig,
     JudgeRequest,
     Outcome,
-    ParseError,
     VerifierCode,
     parse_answer,
 )
-from envfarm.llm import LLMClient, LLMConfig
 from tests.fakes.mock_openai import MockOpenAI, Reply
 
 
@@ -138,7 +138,7 @@ def test_parse_answer_is_strict():
     assert parse_answer(answer("Completed")).classification == "Completed"
     for bad in ["", "[1]", '{"classification": "Completed"}',
                 answer("Completed", confidence=1.5), answer("Maybe")]:
-        with pytest.raises(ParseError):
+        with pytest.raises(AnswerParseError):
             parse_answer(bad)
 
 
