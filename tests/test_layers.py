@@ -128,20 +128,36 @@ class _Block:
             raise ImportError(f"{name} is blocked: the SDK must not need it")
 sys.meta_path.insert(0, _Block())
 import envfarm.errors, envfarm.models, envfarm.wire, envfarm.verdict
-from envfarm.client import Farm, SyncFarm, error_from_wire, LeaseLost
-from envfarm.errors import LeaseGone, TaskNotFound
-farm = Farm("http://127.0.0.1:9")  # a client is made without touching the network
-assert farm.url == "http://127.0.0.1:9"
-body = b'{"error": {"kind": "not_found", "type": "TaskNotFound", "message": "no task 9"}}'
-assert type(error_from_wire(404, body)) is TaskNotFound
-gone = b'{"error": {"kind": "gone", "type": "LeaseGone", "message": "closed"}}'
-assert isinstance(error_from_wire(410, gone), LeaseLost)
+from envfarm.client import AgentError, LeaseLost, SyncFarm
+from envfarm.errors import EnvNotFound, TaskNotFound
+
+def raises(kind, call):
+    try:
+        call()
+    except kind:
+        return
+    raise AssertionError(f"expected {kind.__name__}")
+
+with SyncFarm(sys.argv[1]) as farm:
+    raises(EnvNotFound, lambda: farm.acquire("no_such_env"))
+    with farm.lease("hotel_booking_1", task_idx=0) as lease:
+        assert lease.call("search_hotels", {"city": "Lisbon"})["hotels"]
+        raises(AgentError, lambda: lease.call("no_such_tool"))
+        verdict = lease.verify()
+        assert verdict.outcome.value == "agent_error" and verdict.reward == 0.0, verdict
+        raises(TaskNotFound, lambda: lease.verify(task_idx=99))
+    raises(LeaseLost, lease.tools)
+assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED]
 print("ok")
 """
 
 
-def test_the_sdk_and_contracts_load_without_the_server():
-    out = subprocess.run([sys.executable, "-c", _BLOCKED], check=False, capture_output=True,
-                         text=True, timeout=120, cwd=REPO)
+def test_the_sdk_runs_episodes_without_the_server_side():
+    from envfarm.compose import LocalFarm
+    from envfarm.farm import FarmConfig, PoolConfig
+
+    with LocalFarm(FarmConfig(envs=["hotel_booking_1"], pool=PoolConfig(warm=1))) as farm:
+        out = subprocess.run([sys.executable, "-c", _BLOCKED, farm.url], check=False,
+                             capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
