@@ -55,6 +55,7 @@ __all__ = [
     "ToolCallError",
     "TransportError",
     "VerifierError",
+    "error_from_body",
     "error_type",
     "http_status",
     "status_kind",
@@ -268,6 +269,26 @@ def error_type(name: object, status: int, kind: object = None) -> type[EnvfarmEr
     if len(fits) > 1:
         fits = [c for c in fits if c.kind.value == kind]
     return fits[0] if len(fits) == 1 else None
+
+
+def error_from_body(status: int, error: dict[str, Any],
+                    names: dict[type[EnvfarmError], type[EnvfarmError]] | None = None
+                    ) -> EnvfarmError:
+    """The exception an error body (``{kind, type, message, ...}``) of ``status`` stands for.
+    ``names``: a subclass to raise instead of a class (the SDK's ``LeaseLost``)."""
+    kind = error.get("kind")
+    message = str(error.get("message", f"HTTP {status}"))
+    fields = {k: v for k, v in error.items() if k not in ("kind", "type", "message")}
+    cls = error_type(error.get("type"), status, kind)
+    if cls is None:
+        # Not one of ours (a proxy's page, a route that does not exist): keep what it said.
+        exc = EnvfarmError(message, **fields)
+        if kind in ErrorKind._value2member_map_:
+            exc.kind = ErrorKind(kind)
+    else:
+        exc = (names or {}).get(cls, cls)(message, **fields)
+    exc.http_status = status  # type: ignore[attr-defined]
+    return exc
 
 
 def http_status(cls: type[EnvfarmError]) -> int:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envfarm.errors import EnvfarmError
+from envfarm.errors import EnvfarmError, http_status
 from envfarm.models import CallResult, EnvBundle, ToolSpec
 from envfarm.verdict import Verdict
 
@@ -224,7 +224,7 @@ class BatchError(_Wire):
     @classmethod
     def of(cls, exc: EnvfarmError) -> BatchError:
         return cls(kind=exc.kind.value, type=type(exc).__name__, message=exc.message,
-                   status=exc.status_code)
+                   status=http_status(type(exc)))
 
 
 class BatchResult(_Wire):

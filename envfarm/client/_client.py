@@ -20,11 +20,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Self
 
-from envfarm.client._errors import call_error, error_from_wire
+from envfarm.client._errors import SDK_NAMES, call_error, error_from_wire
 from envfarm.client._transport import HTTPTransport, Reply, Transport
-from envfarm.errors import EnvfarmError, PoolExhausted, TransportError
+from envfarm.errors import EnvfarmError, PoolExhausted, TransportError, error_from_body
 from envfarm.models import CallResult, ToolSpec
 from envfarm.wire import (
+    BatchError,
     BatchResponse,
     BatchResult,
     EnvDetail,
@@ -155,12 +156,9 @@ class Farm:
 
 
 def _item_error(item: BatchResult) -> EnvfarmError:
-    err = item.error
-    status, kind, name, message = ((err.status, err.kind, err.type, err.message) if err
-                                   else (500, "", None, "?"))
-    payload = json.dumps({"error": {"kind": kind, "type": name, "message": message,
-                                    "lease_id": item.lease_id}}).encode()
-    return error_from_wire(status, payload)
+    err = item.error or BatchError(kind="internal", message="no result and no error", status=500)
+    return error_from_body(err.status, {**err.model_dump(exclude={"status"}),
+                                        "lease_id": item.lease_id}, SDK_NAMES)
 
 
 class Lease:

@@ -10,10 +10,9 @@ from envfarm.errors import (
     AgentError,
     EnvCallError,
     EnvfarmError,
-    ErrorKind,
     LeaseGone,
     TransportError,
-    error_type,
+    error_from_body,
 )
 
 
@@ -25,7 +24,7 @@ class LeaseLost(LeaseGone):
 EnvError = EnvCallError
 
 #: Where the SDK raises a subclass with a name for callers (same status, same kind).
-_SDK_NAMES: dict[type[EnvfarmError], type[EnvfarmError]] = {LeaseGone: LeaseLost}
+SDK_NAMES: dict[type[EnvfarmError], type[EnvfarmError]] = {LeaseGone: LeaseLost}
 _CALL_KINDS: dict[str, type[EnvfarmError]] = {"agent_error": AgentError, "env_error": EnvError}
 
 
@@ -39,20 +38,7 @@ def error_from_wire(status: int, body: bytes) -> EnvfarmError:
     if not isinstance(error, dict):
         text = body[:300].decode(errors="replace")
         return TransportError(f"farm answered HTTP {status}: {text}", status=status)
-    kind = error.get("kind")
-    message = str(error.get("message", f"HTTP {status}"))
-    fields: dict[str, Any] = {k: v for k, v in error.items()
-                              if k not in ("kind", "type", "message")}
-    cls = error_type(error.get("type"), status, kind)
-    if cls is None:
-        # Not one of ours (a proxy's page, a route that does not exist): keep what it said.
-        exc = EnvfarmError(message, **fields)
-        if kind in ErrorKind._value2member_map_:
-            exc.kind = ErrorKind(kind)
-    else:
-        exc = _SDK_NAMES.get(cls, cls)(message, **fields)
-    exc.http_status = status  # type: ignore[attr-defined]
-    return exc
+    return error_from_body(status, error, SDK_NAMES)
 
 
 def call_error(kind: str, message: str, **fields: Any) -> EnvfarmError:

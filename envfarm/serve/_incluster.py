@@ -7,7 +7,7 @@ from typing import Any
 
 from ray import serve
 
-from envfarm.errors import EnvfarmError, EnvNotFound
+from envfarm.errors import EnvfarmError, EnvNotFound, error_from_body
 from envfarm.models import CallResult
 from envfarm.wire import BatchResult, LeaseInfo, ReleaseResponse, by_owner, owner_of
 from envfarm.serve._build import FRONT_APP
@@ -62,5 +62,7 @@ class InClusterFarm:
         (res,) = await self.call_many([(lease, tool, arguments or {})])
         if res.result is None:
             err = res.error
-            raise EnvfarmError(err.message if err else "call failed")
+            raise (error_from_body(err.status, {**err.model_dump(exclude={"status"}),
+                                                "lease_id": lease.lease_id})
+                   if err else EnvfarmError("call failed", lease_id=lease.lease_id))
         return res.result
