@@ -64,3 +64,17 @@ def test_every_error_class_has_a_wire_type_the_sdk_reads_back():
         exc = error_from_wire(errors.http_status(cls), __import__("json").dumps(body).encode())
         want = LeaseLost if cls is errors.LeaseGone else cls
         assert type(exc) is want and exc.message == "boom" and exc.lease_id == "p1-ab", cls
+
+
+def test_the_package_root_loads_its_names_on_first_use():
+    import subprocess
+    import sys
+
+    code = ("import sys, envfarm, envfarm.errors\n"
+            "assert 'sqlalchemy' not in sys.modules and 'envfarm.runtime' not in sys.modules\n"
+            "assert envfarm.EnvRuntime.__module__ == 'envfarm.runtime'\n"
+            "assert envfarm.runtime.EnvRuntime is envfarm.EnvRuntime\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
