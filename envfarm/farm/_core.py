@@ -55,6 +55,8 @@ from envfarm.wire import (
 
 log = logging.getLogger("envfarm.farm")
 
+_KEPT_ENV_ERRORS = 10
+
 #: Makes the farm's verifier on the first verification (a verifier may start processes).
 VerifierFactory = Callable[[], EpisodeVerifier]
 
@@ -299,7 +301,8 @@ class FarmCore:
         res = await lease.instance.call(tool, arguments)
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
-        if outcome == "env_error":  # the episode can no longer be scored (see ``verify``)
+        if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
+            # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
@@ -323,16 +326,16 @@ class FarmCore:
         if task_idx >= len(bundle.tasks):
             raise TaskNotFound(f"env {lease.env!r} has {len(bundle.tasks)} tasks; no task_idx "
                                f"{task_idx}", env=lease.env, task_idx=task_idx)
-        async with lease.instance.lock:
-            initial, final = lease.instance.initial_snapshot(), lease.instance.snapshot()
-            env_errors = list(lease.env_errors)
-        if env_errors:
+        if lease.env_errors:
             # The env failed the agent during this episode: no verdict on the agent (the
             # judge's rule 6), whatever the databases say.
             verdict = Verdict.of(Outcome.environment_error,
-                                 f"env_error during the episode: {env_errors[0]}",
-                                 error_kind="env_error", details={"env_errors": env_errors})
+                                 f"env_error during the episode: {lease.env_errors[0]}",
+                                 error_kind="env_error",
+                                 details={"env_errors": list(lease.env_errors)})
         else:
+            async with lease.instance.lock:
+                initial, final = lease.instance.initial_snapshot(), lease.instance.snapshot()
             verifier = bundle.code_verifiers.get(task_idx)
             verdict = await (await self.verifier.get()).verify(
                 verifier.code if verifier else None, initial, final,
