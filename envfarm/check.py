@@ -29,6 +29,10 @@ class TaskCheck(BaseModel):
     solvable: bool = Field(description="Reference solution passes and a no-op does not.")
     solution_result: str | None = Field(None, description="Verifier 'result' after the solution.")
     noop_result: str | None = Field(None, description="Verifier 'result' after a no-op.")
+    final_answer: str | None = Field(None, description="The reference solution's final answer, "
+                                     "given to the verifier after the solution (never after a no-op).")
+    sql_usable: bool | None = Field(None, description="The sql-mode verifier returned facts the judge "
+                                    "can use after the solution; None when the task has none.")
     calls_failed: bool = Field(False, description="A call of the reference solution failed.")
     evaluated: bool = Field(False, description="The verifier got to judge both episodes.")
     calls: list[dict[str, Any]] = Field(default_factory=list, description="Each call and outcome.")
@@ -47,6 +51,8 @@ class EnvReport(BaseModel):
     solvable: int = Field(0, description="Tasks whose reference solution passes, no-op fails.")
     build_ms: float = 0.0
     problems: list[str] = Field(default_factory=list)
+    defects: list[str] = Field(default_factory=list,
+                               description="Tools that failed every schema-valid probe (4xx each time).")
     task_checks: list[TaskCheck] = Field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -70,7 +76,9 @@ async def check_env(bundle: EnvBundle, sandbox: Any, *, probe: bool = False,
     report.build_ms = runtime.build_seconds * 1000
     report.problems += [p for p in runtime.problems if p not in report.problems]
     if probe:
-        report.problems += await probe_tools(runtime)
+        probed = await probe_tools(runtime)
+        report.problems += probed.errors
+        report.defects = probed.defects
     for idx in sorted(bundle.solutions):
         report.task_checks.append(await check_task(runtime, idx, sandbox))
     report.solvable = sum(t.solvable for t in report.task_checks)
@@ -84,15 +92,19 @@ async def check_task(runtime: EnvRuntime, idx: int, sandbox: Any) -> TaskCheck:
     verifier = runtime.bundle.code_verifiers.get(idx)
     if verifier is None:
         return TaskCheck(task_idx=idx, solvable=False, problems=["no code-mode verifier"])
+    sql = runtime.bundle.verifiers.get(idx)
     return await check_solution(runtime, verifier.code, runtime.bundle.solutions.get(idx, []),
-                                sandbox, task_idx=idx)
+                                sandbox, task_idx=idx, sql_verifier=sql.code if sql else None,
+                                final_answer=runtime.bundle.solution_answers.get(idx))
 
 
 async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[ToolCall],
-                         sandbox: Any, *, task_idx: int = -1) -> TaskCheck:
+                         sandbox: Any, *, task_idx: int = -1, sql_verifier: str | None = None,
+                         final_answer: str | None = None) -> TaskCheck:
     """Run ``calls`` on a fresh instance (stopping at the first failure), then the code-mode
-    verifier on (initial, final) and on a no-op (initial, initial)."""
-    check = TaskCheck(task_idx=task_idx, solvable=False)
+    verifier on (initial, final) with the solution's ``final_answer`` and on a no-op (initial,
+    initial) with none. An sql-mode verifier, when given, must return facts the judge can use."""
+    check = TaskCheck(task_idx=task_idx, solvable=False, final_answer=final_answer)
     if not calls:
         check.calls_failed = True
         check.problems.append("the reference solution has no tool calls")
@@ -113,8 +125,12 @@ async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[To
     finally:
         inst.close()
     initial = runtime.template.data
-    after, noop = await asyncio.gather(sandbox.run(verifier_code, initial, final, mode="code"),
-                                       sandbox.run(verifier_code, initial, initial, mode="code"))
+    runs = [sandbox.run(verifier_code, initial, final, final_answer, mode="code"),
+            sandbox.run(verifier_code, initial, initial, mode="code")]
+    if sql_verifier is not None:
+        runs += [sandbox.run(sql_verifier, initial, final, mode="sql"),
+                 sandbox.run(sql_verifier, initial, initial, mode="sql")]
+    after, noop, *sql = await asyncio.gather(*runs)
     check.evaluated = True
     check.solution_result, check.noop_result = _result(after), _result(noop)
     if not after.ok:
@@ -126,26 +142,82 @@ async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[To
         check.problems.append(f"verifier failed on a no-op episode: {noop.error}")
     elif _complete(check.noop_result):
         check.problems.append(f"verifier says {noop.result!r} for a no-op episode")
+    if sql:
+        why = sql_problem(sql[0], sql[1], changed=final != initial)
+        check.sql_usable = why is None
+        if why:
+            check.problems.append(why)
     check.solvable = (_complete(check.solution_result) and noop.ok
-                      and not _complete(check.noop_result))
+                      and not _complete(check.noop_result) and check.sql_usable is not False)
     return check
 
 
-async def probe_tools(runtime: EnvRuntime) -> list[str]:
-    """Call every tool once with example arguments on a fresh instance; env errors are problems."""
+def sql_problem(after: Any, noop: Any, *, changed: bool) -> str | None:
+    """Why an sql-mode verifier's output is of no use to the LLM judge, or None.
+
+    The judge reads the facts it returns: they must exist after the reference solution and, when
+    the solution changed the database, differ from what a no-op episode gives.
+    """
+    if not after.ok:
+        return f"sql-mode verifier failed after the reference solution: {after.error}"
+    if not after.result:
+        return "sql-mode verifier returned an empty object after the reference solution"
+    if not noop.ok:
+        return f"sql-mode verifier failed on a no-op episode: {noop.error}"
+    if changed and after.result == noop.result:
+        return ("sql-mode verifier returns the same facts after the reference solution as after a "
+                "no-op, so the judge cannot tell them apart")
+    return None
+
+
+class ProbeReport(BaseModel):
+    """What probing every tool of an env found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: int = 0
+    errors: list[str] = Field(default_factory=list,
+                              description="No tools, spec operations without a route, 5xx answers.")
+    defects: list[str] = Field(default_factory=list,
+                               description="Tools that failed every schema-valid probe (4xx each time).")
+    calls: list[dict[str, Any]] = Field(default_factory=list, description="Each probe and outcome.")
+
+
+async def probe_tools(runtime: EnvRuntime, *, probes_per_tool: int = 6) -> ProbeReport:
+    """Call every tool with up to ``probes_per_tool`` schema-valid argument sets, each on a fresh
+    instance. A server error is an error; a tool that fails every probe is a defect (an agent
+    could never use it)."""
     endpoints = spec_endpoints(runtime.bundle.api_spec)
-    problems = []
+    report = ProbeReport(tools=len(runtime.tools))
+    if not runtime.tools:
+        report.errors.append("the app exposes no tools (no routes with operation_id)")
+    missing = sorted(set(endpoints) - {t.name for t in runtime.tools})
+    if missing:
+        report.errors.append(f"spec operations with no route (operation_id): {missing}")
     inst = runtime.instance()
     try:
         for tool in runtime.tools:
-            inst.reset()
-            res = await inst.call(tool.name, example_arguments(tool, endpoints.get(tool.name)))
-            if not res.ok and res.error.kind == "env_error":
-                problems.append(f"tool {tool.name} fails on example arguments: "
-                                f"{res.error.message}")
+            failures = []
+            for args in probe_arguments(tool, endpoints.get(tool.name), probes_per_tool):
+                inst.reset()
+                res = await inst.call(tool.name, args)
+                report.calls.append({"tool": tool.name, "arguments": args, "ok": res.ok,
+                                     "status": res.status})
+                if res.ok:
+                    break
+                if res.error.kind == "env_error":
+                    report.errors.append(f"tool {tool.name} with example arguments {args} -> "
+                                         f"server error: {res.error.message}")
+                    break
+                failures.append(f"{json.dumps(args, default=str)} -> {res.error.message}")
+                await asyncio.sleep(0)  # let other work on this loop interleave
+            else:
+                if failures:
+                    report.defects.append(f"tool {tool.name} failed every schema-valid probe "
+                                          f"({len(failures)}): " + "; ".join(failures)[:600])
     finally:
         inst.close()
-    return problems
+    return report
 
 
 def spec_endpoints(api_spec: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -178,6 +250,27 @@ def example_arguments(tool: ToolSpec, endpoint: dict[str, Any] | None = None) ->
     except jsonschema.exceptions.SchemaError:
         pass
     return args
+
+
+def probe_arguments(tool: ToolSpec, endpoint: dict[str, Any] | None = None,
+                    limit: int = 6) -> list[dict[str, Any]]:
+    """Up to ``limit`` distinct schema-valid argument sets: :func:`example_arguments`, the same
+    with required parameters only, the schema's own placeholders, then each with other ids
+    (integer ``*id`` arguments set to 2, 3, ...: the first row may be in a state the tool refuses)."""
+    full = example_arguments(tool, endpoint)
+    required = set(tool.input_schema.get("required", []))
+    bases = [full, {k: v for k, v in full.items() if k in required}, example_arguments(tool)]
+    ids = [k for k in full if k.lower().endswith("id") and type(full[k]) is int]
+    variants = [*bases, *({**b, **{k: n for k in ids if k in b}} for n in (2, 3, 4, 5) for b in bases)]
+    try:
+        validator = jsonschema.Draft202012Validator(tool.input_schema)
+        valid = [v for v in variants if validator.is_valid(v)]
+    except jsonschema.exceptions.SchemaError:
+        valid = []
+    out: dict[str, dict[str, Any]] = {}
+    for args in valid or [full]:
+        out.setdefault(json.dumps(args, sort_keys=True, default=str), args)
+    return list(out.values())[:limit]
 
 
 def _example(schema: dict[str, Any], defs: dict[str, Any]) -> Any:

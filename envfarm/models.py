@@ -118,6 +118,8 @@ class EnvBundle(_Model):
     verifiers: dict[int, Verifier] = Field(default_factory=dict, description="sql mode, by task.")
     code_verifiers: dict[int, Verifier] = Field(default_factory=dict, description="code mode.")
     solutions: dict[int, list[ToolCall]] = Field(default_factory=dict)
+    solution_answers: dict[int, str] = Field(default_factory=dict, description=(
+        "Final answer of a reference solution, by task (read-only tasks are judged on it)."))
     problems: list[str] = Field(default_factory=list, description="What is missing or broken.")
 
     @property

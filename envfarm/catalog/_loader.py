@@ -131,6 +131,8 @@ class _Builder:
         elif file_name == "gen_solutions.jsonl":
             calls = [ToolCall.model_validate(c) for c in rec["solution"]]
             env.setdefault("solutions", {})[int(rec["task_idx"])] = calls
+            if rec.get("final_answer") is not None:
+                env.setdefault("solution_answers", {})[int(rec["task_idx"])] = str(rec["final_answer"])
 
     def finish(self) -> dict[str, EnvBundle]:
         out = {}
