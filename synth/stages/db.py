@@ -8,7 +8,8 @@ from typing import Any
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
-from synth._parse import ParseError, extract_list
+from synth._answers import DbAnswer, parse_answer
+from synth._parse import ParseError
 from synth._sql import run_ddl
 
 
@@ -19,14 +20,9 @@ async def run_db(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
     async def evaluate(text: str) -> Outcome:
         try:
-            tables = extract_list(text, "tables")
+            tables = [t.model_dump() for t in parse_answer(text, DbAnswer).tables]
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        bad = [t for t in tables if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("ddl"), str))]
-        if bad:
-            return Outcome(ok=False, errors=[f"every table needs a string name and ddl; bad entries: {str(bad)[:300]}"])
-        tables = [{"name": t["name"], "ddl": t["ddl"], "indexes": [i for i in t.get("indexes", []) if isinstance(i, str)]}
-                  for t in tables]
         run = await asyncio.to_thread(run_ddl, tables)
         ok = run.failure_rate <= ctx.config.max_failure_rate and bool(run.kept)
         return Outcome(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,

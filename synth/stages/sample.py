@@ -18,7 +18,8 @@ from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
 from synth._jsonl import JsonlStore
-from synth._parse import ParseError, extract_list
+from synth._answers import SampleAnswer, parse_answer
+from synth._parse import ParseError
 from synth._sql import ddl_text, run_inserts
 
 
@@ -30,14 +31,9 @@ async def run_sample(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
     async def evaluate(text: str) -> Outcome:
         try:
-            tables = extract_list(text, "tables")
+            tables = [t.model_dump() for t in parse_answer(text, SampleAnswer).tables]
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        tables = [
-            {"table_name": str(t.get("table_name", "")), "reasoning": str(t.get("reasoning", "")),
-             "insert_statements": [s for s in t.get("insert_statements", []) if isinstance(s, str)]}
-            for t in tables if isinstance(t, dict)
-        ]
         run = await asyncio.to_thread(run_inserts, db_tables, tables)
         ok = run.total > 0 and run.failure_rate <= ctx.config.max_failure_rate
         return Outcome(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,

@@ -16,6 +16,7 @@ import numpy as np
 from envfarm.catalog import normalize_name
 from envfarm.errors import SynthesisError
 from synth import prompts
+from synth._answers import ClassifierAnswer, ScenarioCandidate, parse_answer, validate_answer
 from synth._context import Meter, RunContext
 from synth._jsonl import read_jsonl
 from synth._parse import ParseError, extract_json
@@ -36,6 +37,17 @@ def load_seeds(path: Path | None) -> list[dict[str, str]]:
     if not seeds:
         raise SynthesisError(f"seed file {path or '(packaged)'} holds no scenarios")
     return seeds
+
+
+def _candidates(raw: Any) -> list[dict[str, Any]]:
+    """The well-formed proposals of a generation answer (each with a name and a description)."""
+    out = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            out.append(validate_answer(item, ScenarioCandidate).model_dump(exclude_none=True))
+        except ParseError:
+            continue  # one malformed proposal does not spoil the others
+    return out
 
 
 def _text(rec: dict[str, Any]) -> str:
@@ -72,12 +84,13 @@ async def scenario_stream(ctx: RunContext) -> AsyncIterator[dict[str, Any]]:
             gen = extract_json(await ctx.chat(
                 meter, prompts.scenario_generate(examples, cfg.candidates_per_round, sorted(seen_names)),
                 stage="scenario", scenario=None, salt=f"round-{round_idx}"))
-            candidates = [c for c in gen.get("scenarios", []) if isinstance(c, dict) and c.get("name") and c.get("description")]
+            candidates = _candidates(gen.get("scenarios"))
             if not candidates:
                 raise ParseError("no scenarios in the answer")
-            cls = extract_json(await ctx.chat(meter, prompts.scenario_classify(candidates),
-                                              stage="scenario.classify", scenario=None, temperature=0.0))
-            by_index = {int(r["index"]): r for r in cls.get("results", []) if isinstance(r, dict) and "index" in r}
+            cls = parse_answer(await ctx.chat(meter, prompts.scenario_classify(candidates),
+                                              stage="scenario.classify", scenario=None, temperature=0.0),
+                               ClassifierAnswer)
+            by_index = {r.index: r.model_dump() for r in cls.results}
         except ParseError as exc:
             ctx.record(meter.report(stage="scenario", scenario=f"_round_{round_idx}", ok=False, attempts=1,
                                     errors=[f"unusable LLM answer: {exc}"]))
@@ -95,7 +108,7 @@ async def scenario_stream(ctx: RunContext) -> AsyncIterator[dict[str, Any]]:
                 reason = "duplicate name"
             elif not verdict:
                 reason = "classifier gave no verdict"
-            elif not bool(verdict.get("crud_suitable")):
+            elif not verdict["crud_suitable"]:
                 reason = f"not CRUD-suitable: {verdict.get('reason', '')}"
             elif per_category[category] >= cap:
                 reason = f"category cap reached ({category}: {cap})"

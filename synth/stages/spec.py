@@ -8,6 +8,7 @@ from typing import Any
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
+from synth._answers import SpecAnswer, validate_answer
 from synth._parse import ParseError, extract_json
 from synth._sql import ddl_text
 
@@ -58,7 +59,8 @@ def validate_spec(spec: dict[str, Any], n_tasks: int, tables: set[str]) -> tuple
                     errors.append(f"{where}: path placeholder {{{name}}} has no request param")
             if not isinstance(ep.get("response"), dict):
                 errors.append(f"{where}: response schema must be an object")
-            for t in ep.get("required_tables", []) or []:
+            required_tables = ep.get("required_tables") or []
+            for t in required_tables if isinstance(required_tables, list) else []:
                 if isinstance(t, str) and t.lower() not in tables:
                     errors.append(f"{where}: required table {t!r} is not in the schema")
     if not ops:
@@ -90,6 +92,7 @@ async def run_spec(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     async def evaluate(text: str) -> Outcome:
         try:
             spec = extract_json(text)
+            validate_answer(spec, SpecAnswer)  # the structure validate_spec walks
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
         errors, coverage = validate_spec(spec, len(tasks), table_names)

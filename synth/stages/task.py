@@ -7,7 +7,8 @@ from typing import Any
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Outcome, self_correct
-from synth._parse import ParseError, extract_json
+from synth._answers import TaskAnswer, parse_answer
+from synth._parse import ParseError
 
 
 async def run_task(ctx: RunContext, scenario: dict[str, Any]) -> bool:
@@ -16,12 +17,10 @@ async def run_task(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
     async def evaluate(text: str) -> Outcome:
         try:
-            tasks = extract_json(text).get("tasks")
+            tasks = parse_answer(text, TaskAnswer).tasks
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        if not isinstance(tasks, list):
-            return Outcome(ok=False, errors=['"tasks" must be a list of strings'])
-        tasks = [t.strip() for t in tasks if isinstance(t, str) and t.strip()]
+        tasks = [t.strip() for t in tasks if t.strip()]
         errors = []
         if len(tasks) != k:
             errors.append(f"expected exactly {k} tasks, got {len(tasks)}")
