@@ -100,7 +100,9 @@ def _make_command(stages: tuple[str, ...]) -> Any:
             raise typer.Exit(2) from None
         typer.echo(render_tables(out))
         total = summary.usage.get("total", {})
-        typer.echo(f"\n{summary.envs} envs ({summary.envs_with_solvable_tasks} with solvable tasks) in {out}; "
+        unverified = (f", {summary.envs_with_unverified_tasks} with unverified tasks (gate skipped)"
+                      if summary.envs_with_unverified_tasks else "")
+        typer.echo(f"\n{summary.envs} envs ({summary.envs_with_solvable_tasks} with solvable tasks{unverified}) in {out}; "
                    f"{summary.elapsed_s:.1f} s; LLM calls {total.get('calls', 0)} "
                    f"({total.get('cached_calls', 0)} cached), cost ${total.get('cost_usd', 0.0):.4f}")
         for err in summary.errors:

@@ -20,6 +20,7 @@ from envfarm.errors import EnvfarmError, LLMError, SynthesisError
 from synth._context import RunContext, Stores
 from synth.config import SCENARIO_STAGES, STAGES, SynthConfig
 from envfarm.llm import LLMClient
+from synth.report import gate_passed, gate_skipped
 from synth.stages.db import run_db
 from synth.stages.env import run_env
 from synth.stages.sample import run_sample
@@ -48,7 +49,8 @@ class RunSummary(BaseModel):
 
     scenarios: int = Field(0, description="scenarios walked")
     envs: int = Field(0, description="scenarios with an accepted env")
-    envs_with_solvable_tasks: int = Field(0, description="envs with at least one gate-accepted task")
+    envs_with_solvable_tasks: int = Field(0, description="envs with at least one task the gate proved solvable")
+    envs_with_unverified_tasks: int = Field(0, description="envs with tasks whose gate was skipped (--no-gate)")
     errors: list[str] = Field(default_factory=list, description="scenario chains interrupted by LLM/endpoint errors")
     elapsed_s: float = Field(0.0, description="wall time")
     usage: dict[str, Any] = Field(default_factory=dict, description="LLM usage by stage and scenario")
@@ -134,8 +136,10 @@ async def run_pipeline(config: SynthConfig, llm: LLMClient | None, stages: Seque
             ctx.close()
     summary.scenarios = len(tasks)
     summary.envs = len(stores.env)
-    gate_ok = {r["scenario"] for r in stores.report if r["stage"] == "gate" and r["ok"]}
+    gate_ok = {r["scenario"] for r in stores.report if gate_passed(r)}
+    unverified = {r["scenario"] for r in stores.report if gate_skipped(r)}
     summary.envs_with_solvable_tasks = sum(1 for r in stores.env if r["scenario"] in gate_ok)
+    summary.envs_with_unverified_tasks = sum(1 for r in stores.env if r["scenario"] in unverified)
     summary.elapsed_s = time.perf_counter() - started
     if llm is not None:
         summary.usage = llm.ledger.snapshot()

@@ -40,22 +40,35 @@ def report_key(rec: dict[str, Any]) -> tuple[str, str, int | None]:
     return (rec["stage"], rec["scenario"], rec.get("task_idx"))
 
 
+def gate_skipped(rec: dict[str, Any]) -> bool:
+    """A gate record of a ``--no-gate`` run: the task was never checked, so it is not solvable (yet)."""
+    return rec.get("stage") == "gate" and bool(rec.get("details", {}).get("skipped"))
+
+
+def gate_passed(rec: dict[str, Any]) -> bool:
+    """A gate record whose task a reference solution proved solvable."""
+    return rec.get("stage") == "gate" and bool(rec.get("ok")) and not gate_skipped(rec)
+
+
 def table1(out_dir: Path) -> list[dict[str, Any]]:
     """Per stage: runs, success %, mean tries, tokens, cost (Table 1 of the AWM paper, plus the gate
-    and its sample-data repairs: one ``data_repair`` run per task that asked for rows, ok = committed)."""
+    and its sample-data repairs: one ``data_repair`` run per task that asked for rows, ok = committed).
+    Gate records of ``--no-gate`` runs are counted apart (``skipped``), never as successes."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in read_jsonl(out_dir / FILES["report"]):
         rows[rec["stage"]].append(rec)
     out = []
     for stage in [*STAGES, "gate", "data_repair"]:
-        recs = rows.get(stage, [])
-        if not recs:
+        skipped = [r for r in rows.get(stage, []) if gate_skipped(r)]
+        recs = [r for r in rows.get(stage, []) if not gate_skipped(r)]
+        if not recs and not skipped:
             continue
         ok = sum(1 for r in recs if r["ok"])
         out.append({
             "stage": stage,
             "runs": len(recs),
-            "success_pct": 100.0 * ok / len(recs),
+            "skipped": len(skipped),
+            "success_pct": 100.0 * ok / len(recs) if recs else 0.0,
             "mean_tries": sum(r.get("attempts", 0) for r in recs) / len(recs),
             "tokens": sum(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0) for r in recs),
             "cost_usd": sum(r.get("cost_usd", 0.0) for r in recs),
@@ -64,7 +77,8 @@ def table1(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def table2(out_dir: Path) -> list[dict[str, Any]]:
-    """Per env: tables, sample rows, tools, code lines, solvable tasks, verifier discrimination."""
+    """Per env: tables, sample rows, tools, tool defects, code lines, solvable tasks (proven by the
+    gate), unverified tasks (``--no-gate``), verifier discrimination."""
     envs = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["env"])}
     dbs = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["db"])}
     samples = {r["scenario"]: r for r in read_jsonl(out_dir / FILES["sample"])}
@@ -81,7 +95,8 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
     out = []
     for name, env in envs.items():
         gated = gates.get(name, [])
-        solvable = sum(1 for g in gated if g["ok"])
+        solvable = sum(1 for g in gated if gate_passed(g))
+        unverified = sum(1 for g in gated if gate_skipped(g))
         # Discrimination over the tasks whose verifier got to judge a reference run.
         judged = [g for g in gated if g.get("details", {}).get("discriminates") is not None]
         discriminating = sum(1 for g in judged if g["details"]["discriminates"])
@@ -91,10 +106,12 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
             "sample_rows": samples.get(name, {}).get("inserts_count", 0),
             "rows_added_by_gate": added.get(name, 0),
             "tools": env_reports.get(name, {}).get("details", {}).get("tools", 0),
+            "tool_defects": int(env_reports.get(name, {}).get("details", {}).get("defects", 0)),
             "code_lines": len(env["full_code"].splitlines()),
             "tasks": len(tasks.get(name, {}).get("tasks", [])),
             "solvable_tasks": solvable,
-            "gated_tasks": len(gated),
+            "unverified_tasks": unverified,
+            "gated_tasks": len(gated) - unverified,
             "discrimination_pct": 100.0 * discriminating / len(judged) if judged else 0.0,
         })
     return out
@@ -103,21 +120,28 @@ def table2(out_dir: Path) -> list[dict[str, Any]]:
 def render_tables(out_dir: Path) -> str:
     """Both tables as plain text (what ``envfarm synth report`` prints)."""
     t1, t2 = table1(out_dir), table2(out_dir)
-    lines = ["Table 1 - per stage", f"{'stage':<11} {'runs':>5} {'success%':>9} {'tries':>6} {'tokens':>10} {'cost $':>9}"]
+    lines = ["Table 1 - per stage",
+             f"{'stage':<11} {'runs':>5} {'success%':>9} {'skipped':>7} {'tries':>6} {'tokens':>10} {'cost $':>9}"]
     for r in t1:
-        lines.append(f"{r['stage']:<11} {r['runs']:>5} {r['success_pct']:>9.1f} {r['mean_tries']:>6.2f} "
-                     f"{r['tokens']:>10} {r['cost_usd']:>9.4f}")
+        lines.append(f"{r['stage']:<11} {r['runs']:>5} {r['success_pct']:>9.1f} {r['skipped']:>7} "
+                     f"{r['mean_tries']:>6.2f} {r['tokens']:>10} {r['cost_usd']:>9.4f}")
     lines += ["", "Table 2 - per environment",
-              f"{'env':<28} {'tables':>6} {'rows':>5} {'+rows':>5} {'tools':>5} {'lines':>6} {'solvable':>9} {'discrim%':>9}"]
+              f"{'env':<28} {'tables':>6} {'rows':>5} {'+rows':>5} {'tools':>5} {'defects':>7} {'lines':>6} "
+              f"{'solvable':>9} {'unverified':>10} {'discrim%':>9}"]
     for r in t2:
         lines.append(f"{r['env']:<28} {r['tables']:>6} {r['sample_rows']:>5} {r['rows_added_by_gate']:>5} "
-                     f"{r['tools']:>5} {r['code_lines']:>6} "
-                     f"{r['solvable_tasks']:>4}/{r['tasks']:<4} {r['discrimination_pct']:>9.1f}")
+                     f"{r['tools']:>5} {r['tool_defects']:>7} {r['code_lines']:>6} "
+                     f"{r['solvable_tasks']:>4}/{r['tasks']:<4} {r['unverified_tasks']:>10} {r['discrimination_pct']:>9.1f}")
     if t2:
         n = len(t2)
-        mean = {k: sum(r[k] for r in t2) / n for k in ("tables", "sample_rows", "rows_added_by_gate", "tools", "code_lines")}
+        keys = ("tables", "sample_rows", "rows_added_by_gate", "tools", "tool_defects", "code_lines")
+        mean = {k: sum(r[k] for r in t2) / n for k in keys}
         lines.append(f"{'mean':<28} {mean['tables']:>6.1f} {mean['sample_rows']:>5.0f} {mean['rows_added_by_gate']:>5.1f} "
-                     f"{mean['tools']:>5.1f} {mean['code_lines']:>6.0f}")
+                     f"{mean['tools']:>5.1f} {mean['tool_defects']:>7.1f} {mean['code_lines']:>6.0f}")
+        unverified = sum(r["unverified_tasks"] for r in t2)
+        if unverified:
+            lines.append(f"\n{unverified} task(s) unverified: the acceptance gate was skipped (--no-gate); "
+                         "they are not counted as solvable.")
     return "\n".join(lines)
 
 
