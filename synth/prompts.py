@@ -131,7 +131,9 @@ def verifier_messages(name: str, task: str, ddl: str, sample: str, tools: str) -
         "facts a judge needs (rows before/after), plus success and failure criteria in words.\n"
         "2. code mode: `def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: "
         "str | None = None) -> dict` returning {\"result\": \"complete\"} only when the task was done, "
-        "else {\"result\": \"others\"}. It must say \"others\" when nothing changed.\n"
+        "else {\"result\": \"others\"}. It must say \"others\" when nothing changed, unless the task "
+        "only asks for information: then final_answer (the agent's last message, None when it gave none) "
+        "decides, checked against the data.\n"
         'Answer with JSON: {"reasoning": "...", "success_criteria": "...", "failure_criteria": "...", '
         '"sql_verifier": "<python code>", "code_verifier": "<python code>"}'
     )
@@ -143,8 +145,9 @@ def solution_messages(name: str, task: str, tools: str, sample: str) -> list[dic
         f"Application: {name}\nTask: {task}\n\nTools (JSON schemas of their flat arguments):\n{tools}\n\n"
         f"Initial data (excerpt):\n{sample}\n\n"
         "List the exact tool calls that solve the task on this data, in order, with literal arguments "
-        "(use ids from the data). The signed-in user is id 1.\n"
-        'Answer with JSON: {"solution": [{"tool": "<name>", "arguments": {...}}]}'
+        "(use ids from the data). The signed-in user is id 1. When the task asks for information, also "
+        "give the answer the user gets at the end (final_answer); otherwise final_answer is null.\n"
+        'Answer with JSON: {"solution": [{"tool": "<name>", "arguments": {...}}], "final_answer": "<text or null>"}'
     )
 
 

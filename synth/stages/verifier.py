@@ -23,7 +23,8 @@ from envfarm.models import ToolCall
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import LoopResult, Outcome, self_correct, summarize
-from synth._parse import ParseError, extract_json
+from synth._answers import RowsAnswer, SolutionAnswer, VerifierAnswer, fix_target, parse_answer
+from synth._parse import ParseError
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
 from synth.stages.sample import (
@@ -47,6 +48,7 @@ class GateCheck:
     discriminates: bool = False
     evaluated: bool = False  # the verifier got to judge (the solution's calls all succeeded)
     calls_failed: bool = False
+    sql_ok: bool = True  # the sql-mode verifier gave the judge usable facts on the solved episode
     reason: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     data_rejected: bool = False  # the task's extra rows do not go in, or break accepted tasks
@@ -54,7 +56,7 @@ class GateCheck:
 
     @property
     def ok(self) -> bool:
-        return self.solvable and self.discriminates and not self.data_rejected
+        return self.solvable and self.discriminates and self.sql_ok and not self.data_rejected
 
 
 def task_done(ctx: RunContext, name: str, idx: int) -> bool:
@@ -94,6 +96,28 @@ async def run_verifier(ctx: RunContext, scenario: dict[str, Any]) -> bool:
 
 
 @dataclass
+class Solution:
+    """A reference solution: the tool calls, and the answer the agent gives at the end (read-only
+    tasks, "what is ...?", are judged on it)."""
+
+    calls: list[ToolCall]
+    final_answer: str | None = None
+
+    def record(self, name: str, idx: int) -> dict[str, Any]:
+        return {"scenario": name, "task_idx": idx, "solution": [c.model_dump() for c in self.calls],
+                "final_answer": self.final_answer}
+
+
+@dataclass
+class _Accepted:
+    """What proved a task solvable: both verifiers and the reference solution."""
+
+    code: str
+    sql: str | None
+    solution: Solution
+
+
+@dataclass
 class _Shared:
     """What the tasks of one scenario share. The committed data (``sample``, ``runtime``) and the
     accepted tasks change together, under ``lock``: every gate check runs under it too, so a task is
@@ -108,7 +132,7 @@ class _Shared:
     tasks: list[str]
     sample: dict[str, Any]
     runtime: EnvRuntime
-    accepted: dict[int, tuple[str, list[ToolCall]]]  # task -> (code verifier, reference solution)
+    accepted: dict[int, _Accepted]  # task -> what proved it solvable
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -122,14 +146,18 @@ class _Shared:
         return text
 
 
-def _accepted_before(ctx: RunContext, name: str, n: int) -> dict[int, tuple[str, list[ToolCall]]]:
+def _accepted_before(ctx: RunContext, name: str, n: int) -> dict[int, _Accepted]:
     """Tasks an earlier run accepted (with a reference solution): new data must keep them solvable."""
     st = ctx.stores
     out = {}
     for i in range(n):
         rec, ver, sol = st.report.get(("gate", name, i)), st.code_verifier.get((name, i)), st.solution.get((name, i))
+        sql = st.verifier.get((name, i))
         if rec and rec["ok"] and ver and sol:
-            out[i] = (ver["verification"]["code"], [ToolCall.model_validate(c) for c in sol["solution"]])
+            out[i] = _Accepted(code=ver["verification"]["code"],
+                               sql=sql["verification"]["code"] if sql else None,
+                               solution=Solution([ToolCall.model_validate(c) for c in sol["solution"]],
+                                                 sol.get("final_answer")))
     return out
 
 
@@ -155,7 +183,7 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
     data_tries = 0
     sol_feedback: str | None = None
     check = GateCheck()
-    solution: list[ToolCall] | None = None
+    solution: Solution | None = None
     extra: list[dict[str, Any]] | None = None  # rows this task asked for, not committed yet
     for attempt in range(1, cfg.gate_attempts + 1):
         if solution is None:
@@ -171,7 +199,9 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
                 continue
         check = await _gate_check(ctx, sh, idx, task, verifier, solution, extra)
         if check.ok:
-            details: dict[str, Any] = {"solvable": True, "discriminates": True, "solution_calls": len(solution)}
+            details: dict[str, Any] = {"solvable": True, "discriminates": True, "sql_usable": True,
+                                       "solution_calls": len(solution.calls),
+                                       "final_answer": solution.final_answer is not None}
             # An interrupted run may have committed this task's rows and died before reporting them.
             commit = check.data_commit or next((p for p in reversed(patches(ctx, sh.name)) if p["task_idx"] == idx), None)
             if data_tries or commit:
@@ -192,11 +222,13 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
             break  # no repair left to inform
         summary = await summarize(
             ctx, gmeter, stage="gate", scenario=sh.name, errors=[check.reason],
-            excerpt=f"Verifier (code mode):\n{verifier['code']}\n\nReference solution:\n"
-                    f"{json.dumps([c.model_dump() for c in solution])}",
+            excerpt=f"Verifier (code mode):\n{verifier['code']}\n\nVerifier (sql mode):\n{verifier['sql']}\n\n"
+                    f"Reference solution:\n{json.dumps(solution.record(sh.name, idx))}",
             extra=f"Task: {task}\nTool call log: {json.dumps(check.calls)[:3000]}",
         )
-        target = summary.get("fix_target") or ("solution" if check.calls_failed else "verifier")
+        target = fix_target(summary) or ("solution" if check.calls_failed else "verifier")
+        if check.solvable and check.discriminates and not check.sql_ok:
+            target = "verifier"  # only the sql-mode verifier is at fault
         feedback = prompts.format_summary(summary) + f"\n\nWhat happened: {check.reason}"
         if target == "data":
             rows = await _gen_rows(ctx, dmeter, sh, task, feedback, extra)
@@ -223,12 +255,13 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
                              errors=reasons or ["gate budget spent"],
                              details={"solvable": check.solvable,
                                       "discriminates": check.discriminates if check.evaluated else None,
+                                      "sql_usable": check.sql_ok if check.evaluated else None,
                                       "dropped": True}))
     return False
 
 
 async def _gate_check(ctx: RunContext, sh: _Shared, idx: int, task: str, verifier: dict[str, Any],
-                      solution: list[ToolCall], extra: list[dict[str, Any]] | None) -> GateCheck:
+                      solution: Solution, extra: list[dict[str, Any]] | None) -> GateCheck:
     """Check a task on the committed data (plus its own ``extra`` rows); accept it if it passes.
 
     Extra rows are committed only if every task accepted so far still passes on them.
@@ -239,13 +272,13 @@ async def _gate_check(ctx: RunContext, sh: _Shared, idx: int, task: str, verifie
             runtime, rows, why = await _candidate(ctx, sh, extra)
             if runtime is None:
                 return GateCheck(reason=why, data_rejected=True)
-        check = await _check(ctx, runtime, verifier["code"], solution)
+        check = await _check(ctx, runtime, _Accepted(verifier["code"], verifier["sql"], solution))
         if not check.ok:
             return check
         if extra:
             broken = []
-            for i, (code, sol) in sorted(sh.accepted.items()):
-                again = await _check(ctx, runtime, code, sol)
+            for i, done in sorted(sh.accepted.items()):
+                again = await _check(ctx, runtime, done)
                 if not again.ok:
                     broken.append(f"task {i} ({sh.tasks[i][:80]!r}): {again.reason}")
             if broken:
@@ -257,10 +290,9 @@ async def _gate_check(ctx: RunContext, sh: _Shared, idx: int, task: str, verifie
             patch_store(ctx).append_once(commit)  # the commit point (see synth.stages.sample)
             sh.sample, sh.runtime = effective_sample(ctx, sh.name), runtime
             check.data_commit = commit
-        sh.accepted[idx] = (verifier["code"], solution)
+        sh.accepted[idx] = _Accepted(verifier["code"], verifier["sql"], solution)
         _write_verifiers(ctx, sh.name, idx, task, verifier)
-        ctx.stores.solution.append_once({"scenario": sh.name, "task_idx": idx,
-                                         "solution": [c.model_dump() for c in solution]})
+        ctx.stores.solution.append_once(solution.record(sh.name, idx))
         return check
 
 
@@ -289,14 +321,9 @@ async def _gen_rows(ctx: RunContext, meter: Meter, sh: _Shared, task: str, failu
 
     async def evaluate(text: str) -> Outcome:
         try:
-            raw = extract_json(text).get("tables")
+            tables = [t.model_dump() for t in parse_answer(text, RowsAnswer).tables]
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        if not isinstance(raw, list) or not all(isinstance(t, dict) and isinstance(t.get("table_name"), str)
-                                                and isinstance(t.get("insert_statements"), list) for t in raw):
-            return Outcome(ok=False, errors=['"tables" must be a list of {"table_name", "insert_statements": [...]}'])
-        tables = [{"table_name": t["table_name"], "reasoning": str(t.get("reasoning", "")),
-                   "insert_statements": [s for s in t["insert_statements"] if isinstance(s, str)]} for t in raw]
         pending = merge_tables(extra or [], tables)
         run = await asyncio.to_thread(run_extra_inserts, sh.initial, pending)
         return Outcome(ok=not run.errors, value=pending, errors=run.errors, score=-len(run.errors),
@@ -314,12 +341,10 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
 
     async def evaluate(text: str) -> Outcome:
         try:
-            data = extract_json(text)
+            data = parse_answer(text, VerifierAnswer)
         except ParseError as exc:
             return Outcome(ok=False, errors=[str(exc)])
-        sql_code, code_code = data.get("sql_verifier"), data.get("code_verifier")
-        if not isinstance(sql_code, str) or not isinstance(code_code, str):
-            return Outcome(ok=False, errors=['"sql_verifier" and "code_verifier" must both be code strings'])
+        sql_code, code_code = data.sql_verifier, data.code_verifier
         initial = sh.initial
         errors = []
         sql_res = await sandbox.run(sql_code, initial, initial, mode="sql")
@@ -331,7 +356,7 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
         elif code_res.code_result not in ("complete", "others"):
             errors.append(f"code-mode verifier returned {code_res.result!r}; it must return "
                           '{"result": "complete"} or {"result": "others"}')
-        criteria = {k: str(data.get(k, "")) for k in ("reasoning", "success_criteria", "failure_criteria")}
+        criteria = data.model_dump(include={"reasoning", "success_criteria", "failure_criteria"})
         return Outcome(ok=not errors, value={"sql": sql_code, "code": code_code, "criteria": criteria},
                        errors=errors, score=-len(errors), excerpt=f"{sql_code}\n\n{code_code}")
 
@@ -343,26 +368,21 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
                               evaluate=evaluate, executable=True)
 
 
-async def _check(ctx: RunContext, runtime: EnvRuntime, code: str, solution: list[ToolCall]) -> GateCheck:
-    """The conformance checker's verdict on one (verifier, reference solution) pair."""
-    tc = await check_solution(runtime, code, solution, ctx.get_sandbox())
+async def _check(ctx: RunContext, runtime: EnvRuntime, task: _Accepted) -> GateCheck:
+    """The conformance checker's verdict on one (verifiers, reference solution) set."""
+    tc = await check_solution(runtime, task.code, task.solution.calls, ctx.get_sandbox(), sql_verifier=task.sql,
+                              final_answer=task.solution.final_answer)
     return GateCheck(
         solvable=tc.solution_result == "complete",
         discriminates=tc.evaluated and tc.noop_result is not None and tc.noop_result != "complete",
-        evaluated=tc.evaluated, calls_failed=tc.calls_failed,
+        evaluated=tc.evaluated, calls_failed=tc.calls_failed, sql_ok=tc.sql_usable is not False,
         reason="; ".join(tc.problems), calls=tc.calls,
     )
 
 
-def _parse_solution(text: str) -> list[ToolCall]:
-    data = extract_json(text)
-    raw = data.get("solution")
-    if not isinstance(raw, list):
-        raise ParseError('"solution" must be a list of {"tool", "arguments"}')
-    try:
-        return [ToolCall.model_validate({"tool": c.get("tool"), "arguments": c.get("arguments") or {}}) for c in raw]
-    except (ValueError, AttributeError) as exc:
-        raise ParseError(f"bad tool call in solution: {exc}") from exc
+def _parse_solution(text: str) -> Solution:
+    answer = parse_answer(text, SolutionAnswer)
+    return Solution([ToolCall(tool=c.tool, arguments=c.arguments) for c in answer.solution], answer.final_answer)
 
 
 def _write_verifiers(ctx: RunContext, name: str, idx: int, task: str, v: dict[str, Any]) -> None:
