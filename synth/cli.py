@@ -1,17 +1,22 @@
 """``envfarm synth``: one subcommand per stage, ``all``, and ``report`` (Table 1 / Table 2).
 
 Every stage command reads and appends the AWM JSONL files under ``--out`` and can be re-run or
-resumed at any time: finished work is skipped, and cached LLM answers cost nothing.
+resumed at any time: finished work is skipped, and cached LLM answers cost nothing. Each stage
+command takes only the options that change what it does (``STAGE_OPTIONS``); ``all`` takes them all,
+and an option a stage would ignore is a usage error (exit 2), not silently dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer import _click as click  # typer ships its own click; its parser raises these classes
+from typer.core import TyperCommand
 
 from envfarm.errors import EnvfarmError
 
@@ -39,7 +44,63 @@ def _parse_pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
+#: Options every stage command takes: the run folder, the LLM endpoint and its bookkeeping.
+COMMON_OPTIONS = ("out", "llm_base_url", "llm_model", "llm_api_key", "stage_model", "price", "llm_concurrency",
+                  "llm_replay", "llm_record", "cache_dir", "no_cache", "progress")
+#: Options of the stages that walk scenarios one by one with a self-correction loop.
+_PER_SCENARIO = ("concurrency", "max_attempts", "retry_failed")
+#: Stage -> the options (besides ``COMMON_OPTIONS``) that apply to it.
+STAGE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "scenario": ("seed_file", "target_count", "embedder"),
+    "task": ("tasks_per_scenario", *_PER_SCENARIO),
+    "db": _PER_SCENARIO,
+    "sample": _PER_SCENARIO,
+    "spec": _PER_SCENARIO,
+    "env": _PER_SCENARIO,
+    "verifier": ("gate", *_PER_SCENARIO),
+}
+
+
+class _StageCommand(TyperCommand):
+    """Says which commands take an option this one does not."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoSuchOption as exc:
+            owners = [s for s, opts in STAGE_OPTIONS.items()
+                      if any(exc.option_name in _flag_names(o) for o in opts)]
+            if not owners:
+                raise
+            raise click.exceptions.UsageError(f"{exc.option_name} does not apply to the {self.name!r} stage; it is an "
+                                   f"option of: {', '.join([*owners, 'all'])}", ctx) from None
+
+
+def _flag_names(param: str) -> set[str]:
+    flag = "--" + param.replace("_", "-")
+    return {flag, *_EXTRA_FLAGS.get(param, ())}
+
+
+_EXTRA_FLAGS = {"gate": ("--no-gate",), "tasks_per_scenario": ("-k",), "retry_failed": ("--no-retry-failed",)}
+
+
 def _make_command(stages: tuple[str, ...]) -> Any:
+    """The command for ``stages``, taking only the options that apply to them."""
+    full = _full_command(stages)
+    sig = inspect.signature(full, eval_str=True)
+    allowed = set(COMMON_OPTIONS).union(*(STAGE_OPTIONS.get(s, ()) for s in stages))
+    kept = [p for p in sig.parameters.values() if p.name in allowed]
+    fixed = {p.name: p.default.default for p in sig.parameters.values() if p.name not in allowed}
+
+    def command(**kwargs: Any) -> None:
+        full(**fixed, **kwargs)
+
+    command.__signature__ = sig.replace(parameters=kept)  # type: ignore[attr-defined]
+    command.__doc__ = full.__doc__
+    return command
+
+
+def _full_command(stages: tuple[str, ...]) -> Any:
     def command(
         out: Path = typer.Option(Path("synth_out"), "--out", "-o", help="run folder of AWM JSONL files"),
         llm_base_url: str = typer.Option(None, help="OpenAI-compatible base URL [env ENVFARM_LLM_BASE_URL]"),
@@ -116,8 +177,8 @@ def _make_command(stages: tuple[str, ...]) -> Any:
 from synth.config import STAGES as _STAGES  # noqa: E402 - after the factory on purpose
 
 for _stage in _STAGES:
-    app.command(_stage, help=_STAGE_HELP[_stage])(_make_command((_stage,)))
-app.command("all", help=_STAGE_HELP["all"])(_make_command(_STAGES))
+    app.command(_stage, help=_STAGE_HELP[_stage], cls=_StageCommand)(_make_command((_stage,)))
+app.command("all", help=_STAGE_HELP["all"], cls=_StageCommand)(_make_command(_STAGES))
 
 
 @app.command("report", help="Print Table 1 (per stage) and Table 2 (per env) of a run folder.")

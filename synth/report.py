@@ -69,7 +69,7 @@ def table1(out_dir: Path) -> list[dict[str, Any]]:
             "runs": len(recs),
             "skipped": len(skipped),
             "success_pct": 100.0 * ok / len(recs) if recs else 0.0,
-            "mean_tries": sum(r.get("attempts", 0) for r in recs) / len(recs),
+            "mean_tries": sum(r.get("attempts", 0) for r in recs) / len(recs) if recs else 0.0,
             "tokens": sum(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0) for r in recs),
             "cost_usd": sum(r.get("cost_usd", 0.0) for r in recs),
         })
