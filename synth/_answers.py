@@ -68,7 +68,7 @@ class DbAnswer(_Answer):
 class TableRows(_Answer):
     table_name: str
     reasoning: Text = ""
-    insert_statements: Annotated[list[str], BeforeValidator(_none_as_empty)] = []
+    insert_statements: list[str]
 
 
 class SampleAnswer(_Answer):
