@@ -127,12 +127,14 @@ async def _check_all(catalog, names: list[str], probe: bool) -> list[EnvReport]:
 
 def _print_reports(reports: list[EnvReport]) -> None:
     table = Table("env", "loaded", "tables", "rows", "tools", "tasks", "solvable", "build ms",
-                  "problems")
+                  "problems", "defects")
     for r in reports:
         table.add_row(r.name, "yes" if r.loaded else "no", str(r.tables), str(r.rows),
                       str(r.tools), str(r.tasks), str(r.solvable), f"{r.build_ms:.0f}",
-                      str(len(r.problems)))
+                      str(len(r.problems)), str(len(r.defects)))
     console.print(table)
     for r in reports:
         for problem in r.problems:
             console.print(f"  [yellow]{r.name}:[/yellow] {problem}")
+        for defect in r.defects:
+            console.print(f"  [dim]{r.name} (defect):[/dim] {defect}")
