@@ -180,6 +180,7 @@ class ProbeReport(BaseModel):
                               description="No tools, spec operations without a route, 5xx answers.")
     defects: list[str] = Field(default_factory=list,
                                description="Tools that failed every schema-valid probe (4xx each time).")
+    defective_tools: list[str] = Field(default_factory=list, description="The names of those tools.")
     calls: list[dict[str, Any]] = Field(default_factory=list, description="Each probe and outcome.")
 
 
@@ -213,6 +214,7 @@ async def probe_tools(runtime: EnvRuntime, *, probes_per_tool: int = 6) -> Probe
                 await asyncio.sleep(0)  # let other work on this loop interleave
             else:
                 if failures:
+                    report.defective_tools.append(tool.name)
                     report.defects.append(f"tool {tool.name} failed every schema-valid probe "
                                           f"({len(failures)}): " + "; ".join(failures)[:600])
     finally:

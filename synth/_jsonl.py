@@ -93,19 +93,30 @@ class JsonlStore:
         key = self.key(record)
         with self._lock:
             self._records[key] = record
-            data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
-                           for r in self._records.values()).encode()
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            self._rewrite()
+
+    def remove(self, key: Hashable) -> bool:
+        """Drop the record of ``key`` (atomic whole-file rewrite, as ``replace``); True if it was there."""
+        with self._lock:
+            if self._records.pop(key, None) is None:
+                return False
+            self._rewrite()
+        return True
+
+    def _rewrite(self) -> None:
+        data = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                       for r in self._records.values()).encode()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def by_scenario(rec: dict[str, Any]) -> Hashable:

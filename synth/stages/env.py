@@ -43,7 +43,7 @@ async def run_env(ctx: RunContext, scenario: dict[str, Any]) -> bool:
         rep = await probe_tools(runtime)
         details = {"tools": rep.tools, "code_lines": len(code.splitlines()),
                    "runtime_problems": runtime.problems[:20], "hard_errors": len(rep.errors),
-                   "defects": len(rep.defects), "defective_tools": [d.split()[1] for d in rep.defects]}
+                   "defects": len(rep.defects), "defective_tools": rep.defective_tools}
         ok = not rep.errors and not (rep.defects and repairs_left > 0)
         if not rep.errors and rep.defects and repairs_left > 0:
             repairs_left -= 1

@@ -1,7 +1,10 @@
 """Stage 7: per-task sql/code verifiers run in the sandbox, then the acceptance gate.
 
-The gate (beyond AWM) asks for a reference solution, runs it on a fresh instance, and accepts the
-task only if the code-mode verifier says "complete" after it and not after a no-op. Otherwise it
+The gate (beyond AWM) asks for a reference solution (tool calls plus, for tasks that ask for
+information, a final answer), runs it on a fresh instance, and accepts the task only if the
+code-mode verifier says "complete" after it (given the final answer) and not after a no-op (no
+answer), and the sql-mode verifier returns facts the LLM judge can use to tell the two apart
+(``envfarm.check.check_solution``). Otherwise it
 repairs the solution, the verifier or the sample data (the LLM's error summary picks which) within
 the budget, or drops the task with its reasons. Only accepted tasks get verifier and solution records.
 
@@ -21,12 +24,13 @@ from envfarm import EnvRuntime
 from envfarm.check import check_solution
 from envfarm.models import ToolCall
 from synth import prompts
+from synth._answers import RowsAnswer, SolutionAnswer, VerifierAnswer, fix_target, parse_answer
 from synth._context import Meter, RunContext
 from synth._correct import LoopResult, Outcome, self_correct, summarize
-from synth._answers import RowsAnswer, SolutionAnswer, VerifierAnswer, fix_target, parse_answer
 from synth._parse import ParseError
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
+from synth.report import gate_skipped
 from synth.stages.sample import (
     effective_sample,
     finalize_sample,
@@ -63,7 +67,20 @@ def task_done(ctx: RunContext, name: str, idx: int) -> bool:
     rec = ctx.stores.report.get(("gate", name, idx))
     if rec is None:
         return False
+    if gate_skipped(rec):
+        return not ctx.config.gate  # a gated run checks what a --no-gate run left unverified
     return bool(rec["ok"]) or not ctx.config.retry_failed
+
+
+def _forget_unverified(ctx: RunContext, name: str, idx: int) -> None:
+    """Drop what a --no-gate run wrote for a task, so the gate decides it afresh. Verifiers go
+    first, the gate record last: a kill in between leaves the task unverified, to be redone."""
+    st = ctx.stores
+    if gate_skipped(st.report.get(("gate", name, idx)) or {}):
+        st.verifier.remove((name, idx))
+        st.code_verifier.remove((name, idx))
+        st.report.remove(("verifier", name, idx))
+        st.report.remove(("gate", name, idx))
 
 
 async def run_verifier(ctx: RunContext, scenario: dict[str, Any]) -> bool:
@@ -163,6 +180,8 @@ def _accepted_before(ctx: RunContext, name: str, n: int) -> dict[int, _Accepted]
 
 async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
     cfg = ctx.config
+    if cfg.gate:
+        _forget_unverified(ctx, sh.name, idx)
     vmeter = Meter()
     vloop = await _gen_verifier(ctx, vmeter, sh, idx, task, feedback=None)
     best = vloop.best

@@ -106,6 +106,19 @@ def test_no_gate_tasks_are_unverified_not_solvable(tmp_path: Path) -> None:
     assert "0 with solvable tasks, 1 with unverified tasks" in result.output
     assert "3 task(s) unverified" in CliRunner().invoke(app, ["report", "--out", str(out)]).output
 
+    # A gated run over the same folder checks what the --no-gate run left unverified.
+    with MockOpenAI() as mock:
+        script_pipeline(mock, broken=False)
+        again = _run(mock, out)
+        assert again.exit_code == 0, again.output
+        assert mock.requests_for(stage="gate", scenario="recipes_1")
+    row = _table2(out)["recipes_1"]
+    assert row["solvable_tasks"] == 3 and row["unverified_tasks"] == 0 and row["gated_tasks"] == 3
+    assert "(1 with solvable tasks)" in again.output and "task(s) unverified" not in again.output
+    for name in ("gen_verifier.jsonl", "gen_verifier.pure_code.jsonl", "gen_solutions.jsonl"):
+        assert sorted(r["task_idx"] for r in read_jsonl(out / name)) == [0, 1, 2], name
+    assert all(r["ok"] for k, r in _report(out).items() if k[0] == "gate")
+
 
 # -- tools that always answer 4xx -----------------------------------------------------------------
 def _library_runtime(code: str):
@@ -118,7 +131,7 @@ def _library_runtime(code: str):
 
 def test_the_prober_calls_a_tool_that_fails_every_probe_a_defect() -> None:
     bad = asyncio.run(probe_tools(_library_runtime(ENV_RETURN_ALWAYS_400)))
-    assert bad.errors == [] and len(bad.defects) == 1 and "return_loan" in bad.defects[0]
+    assert bad.errors == [] and bad.defective_tools == ["return_loan"] and "not active" in bad.defects[0]
     tried = [c for c in bad.calls if c["tool"] == "return_loan"]
     assert len(tried) > 1 and not any(c["ok"] for c in tried)  # several schema-valid argument sets
     good = asyncio.run(probe_tools(_library_runtime(library.ENV_CODE)))
@@ -149,7 +162,8 @@ def test_env_stage_records_a_defect_it_could_not_repair(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
     env = _report(out)[("env", "library_1", None)]
     assert env["ok"] and env["attempts"] == 2  # one repair round, then accepted with the defect
-    assert env["details"]["defects"] == 1 and "return_loan" in " ".join(env["errors"])
+    assert env["details"]["defects"] == 1 and env["details"]["defective_tools"] == ["return_loan"]
+    assert "return_loan" in " ".join(env["errors"])
     assert _table2(out)["library_1"]["tool_defects"] == 1
 
 
