@@ -238,7 +238,8 @@ def test_gate_accepts_a_read_only_task_on_its_final_answer(tmp_path: Path, monke
     # The farm's catalog carries the answer, and the conformance checker passes it on.
     bundle = load_catalog(out)["recipes_1"]
     assert bundle.solution_answers == {2: "Green Curry takes 40 minutes."}
-    report = asyncio.run(check_env(bundle))
+    with VerifierSandbox(workers=1) as sandbox:
+        report = asyncio.run(check_env(bundle, sandbox))
     assert report.solvable == 3, report.problems
 
 
