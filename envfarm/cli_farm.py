@@ -38,7 +38,27 @@ def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
                       pool=PoolConfig(warm=warm))
 
 
-def serve(catalog: CatalogOpt = None, envs: EnvsOpt = None,
+# Flags that only mean something when Ray Serve runs the farm.
+RAY_ONLY = ("pack", "replicas", "num_cpus", "address", "write_config")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    # By name: typer's Context reports its own ParameterSource enum, not click's.
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _reject_ray_flags(ctx: typer.Context) -> None:
+    """`--no-ray` runs one process: a Ray flag given with it would be silently ignored."""
+    given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY
+             if _given(ctx, name)]
+    if given:
+        console.print(f"[red]error:[/red] {', '.join(given)} only apply to a Ray Serve farm; "
+                      "--no-ray runs one process (drop them, or drop --no-ray)")
+        raise typer.Exit(2)
+
+
+def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           pack: Annotated[int, typer.Option("--pack", min=1,
                                             help="Env types per deployment (small machines).")] = 1,
           no_ray: Annotated[bool, typer.Option("--no-ray",
@@ -58,6 +78,8 @@ def serve(catalog: CatalogOpt = None, envs: EnvsOpt = None,
                                      "a RayService) to this file and exit.")] = None,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
+    if no_ray:
+        _reject_ray_flags(ctx)
     try:
         config = _config(catalog, envs, warm)
         if write_config is not None:

@@ -61,3 +61,18 @@ def test_serve_writes_a_serve_config(cli, tmp_path):
     config = yaml.safe_load(out.read_text())
     assert config["applications"][-1]["route_prefix"] == "/"
     assert config["applications"][0]["args"]["deployment"]["num_replicas"] == 3
+
+
+@pytest.mark.parametrize("flags", [["--pack", "2"], ["--replicas", "3"], ["--num-cpus", "2"],
+                                   ["--address", "auto"], ["--replicas", "1"],
+                                   ["--write-config", "farm.yaml"],
+                                   ["--pack", "2", "--num-cpus", "4"]])
+def test_serve_no_ray_rejects_ray_only_flags(cli, flags, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # A missing catalog: were the flags let through, serve would fail fast instead of serving.
+    result = runner.invoke(cli, ["serve", "--no-ray", "--catalog", str(tmp_path / "none"),
+                                 "--port", str(free_port()), *flags])
+    assert result.exit_code == 2, result.output
+    named = [f for f in flags if f.startswith("--")]
+    assert f"{', '.join(named)} only apply to a Ray Serve farm" in result.output
+    assert "listening" not in result.output and not (tmp_path / "farm.yaml").exists()
