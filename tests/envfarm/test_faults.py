@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -85,7 +88,14 @@ def test_guard_is_inert_outside_env_calls(toy_runtime, tmp_path):
     path = tmp_path / "host.txt"
     path.write_text("the host may still write files")
     assert path.read_text().startswith("the host")
-    assert os.getpid() > 0
+    # What the guard refuses inside a call (the `spawn` and `net` tools) still works outside one.
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getppid())"],
+                           capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0 and int(child.stdout) == os.getpid()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=5).close()
 
 
 def test_a_timed_out_sync_handler_thread_is_stopped_not_left_spinning(pair):

@@ -12,7 +12,7 @@ import pytest
 
 from judge import ToolSchema, Trajectory, VerifierSandbox
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "awm1k_samples"
+from tests.conftest import AWM_SAMPLES as SAMPLES
 SCENARIO = "e_commerce_33"
 
 
@@ -91,7 +91,8 @@ class AwmCase:
 
 
 @pytest.fixture(scope="session")
-def awm_initial_db() -> bytes:
+def awm_initial_db(awm_samples: Path) -> bytes:
+    # awm_samples (tests/conftest.py) skips, with the path it looked at, when ../shared is absent.
     return build_initial_db()
 
 

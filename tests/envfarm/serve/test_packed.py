@@ -20,9 +20,15 @@ async def test_packed_envs_serve_episodes_mcp_and_batches(packed_farm, bundled_c
             assert report.verdict.reward == 1.0, (env, report.verdict)
         leases = [await farm.acquire(env) for env in bundled_catalog.servable for _ in range(3)]
         assert len({lease.lease_id.split("-")[0] for lease in leases}) == 2
-        out = await farm.batch_call([(lease, (await lease.tools())[0].name, {})
-                                     for lease in leases[:1]])
-        assert out[0].ok or out[0].error.kind == "agent_error"
+        # One batch across the three packed envs: each call reaches its own env's data.
+        profile = {"hotel_booking_1": ("get_my_profile", lambda r: r["username"]),
+                   "personal_banking_1": ("get_my_profile", lambda r: r["user"]["username"]),
+                   "project_management_1": ("get_current_user", lambda r: r["username"])}
+        firsts = leases[::3]
+        out = await farm.batch_call([(lease, profile[lease.env][0], {}) for lease in firsts])
+        assert all(getattr(r, "ok", False) for r in out), out
+        assert [profile[lease.env][1](r.result) for lease, r in zip(firsts, out)] == [
+            "emma.larsen", "elena.reyes", "maya.chen"]
         lease = leases[0]
         transport = StreamableHttpTransport(lease.mcp_url,
                                             headers={"Authorization": f"Bearer {lease.token}"})
