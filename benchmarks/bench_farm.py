@@ -1,8 +1,15 @@
-"""The farm, side by side in one run: --no-ray ceiling, Serve HTTP, batched path, MCP, in-cluster
-handles, 1,024 held leases, AWM's process-per-instance baseline, and locust.
+"""The farm, side by side in one run: the --no-ray ceiling (one process, and as many processes as
+Serve has pool replicas), Serve HTTP, batched paths, MCP, in-cluster handles, AWM's
+process-per-instance baseline, Serve's floor (a trivial ingress), 1,024 held leases, and locust.
+
+Every throughput mode of every side runs once per round, the order of the jobs reversed every
+other round (the machine is shared and its load drifts); the tables show each mode's median
+round. Sequential latencies (lease acquire, Serve's floor, /healthz) alternate the same way.
+Locust and the 1,024-lease hold run once per side, after the rounds.
 
 Starts Ray: run it inside a private network namespace, e.g.
-    unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_farm.py'
+    unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_farm.py \
+        --json benchmarks/results/farm.json'
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,48 +144,60 @@ def start_awm(n: int) -> tuple[Any, list[subprocess.Popen], list[str], Path, flo
     return runtime, procs, urls, tmp, time.perf_counter() - t0
 
 
-def awm_baseline(n: int, duration_s: float, workers: int) -> dict:
-    import psutil
+class AwmBaseline:
+    """n uvicorn processes of the env's own code, each with its own SQLite file (AWM's way)."""
 
-    runtime, procs, urls, tmp, start_s = start_awm(n)
-    op = runtime.operations[TOOL]
-    try:
+    def __init__(self, n: int) -> None:
+        import psutil
+
+        self.n = n
+        self.runtime, self.procs, self.urls, self.tmp, self.start_s = start_awm(n)
+        self.op = self.runtime.operations[TOOL]
         rss = pss = 0
-        for p in procs:
+        for p in self.procs:
             info = psutil.Process(p.pid).memory_full_info()
             rss, pss = rss + info.rss, pss + info.pss
-        memory = {"processes": n, "rss_mib": round(rss / 2**20, 1),
-                  "pss_mib": round(pss / 2**20, 1)}
+        self.memory = {"processes": n, "rss_mib": round(rss / 2**20, 1),
+                       "pss_mib": round(pss / 2**20, 1)}
+        asyncio.run(self.warm_up())
 
-        async def drive() -> tuple[list[float], int, float]:
-            async with session() as s:
-                async def one(i: int) -> int:
-                    async with s.request(op.method, urls[i % n] + op.path) as r:
+    async def warm_up(self, per_process: int = 20) -> None:
+        """The first calls of a fresh process pay for lazy imports and ORM set-up."""
+        async with session() as s:
+            for url in self.urls:
+                for _ in range(per_process):
+                    async with s.request(self.op.method, url + self.op.path) as r:
                         await r.read()
-                        if r.status >= 400:
-                            raise RuntimeError(f"AWM call failed: {r.status}")
-                    return 1
 
-                return await _drive(workers, duration_s, one)
+    async def calls(self, duration_s: float, workers: int = 32) -> dict:
+        """One call per request, spread over the n processes."""
+        async with session() as s:
+            async def one(i: int) -> int:
+                async with s.request(self.op.method, self.urls[i % self.n] + self.op.path) as r:
+                    await r.read()
+                    if r.status >= 400:
+                        raise RuntimeError(f"AWM call failed: {r.status}")
+                return 1
 
-        lat, calls, elapsed = asyncio.run(drive())
+            lat, calls, elapsed = await _drive(workers, duration_s, one)
+        return summary(lat, calls, elapsed, workers=workers)
+
+    def stop(self) -> dict:
         # A reset, AWM's way: copy the DB file back (the process keeps running).
         t1 = time.perf_counter()
-        for i in range(n):
-            shutil.copyfile(tmp / "inst0.db", tmp / f"reset{i}.db")
-        reset_ms = (time.perf_counter() - t1) / n * 1000
-    finally:
-        for p in procs:
+        for i in range(self.n):
+            shutil.copyfile(self.tmp / "inst0.db", self.tmp / f"reset{i}.db")
+        reset_ms = (time.perf_counter() - t1) / self.n * 1000
+        for p in self.procs:
             p.terminate()
-        for p in procs:
+        for p in self.procs:
             p.wait(timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
-    per = memory["pss_mib"] / n
-    return {"instances": n, "start_all_s": round(start_s, 1), "memory": memory,
-            "pss_per_instance_mib": round(per, 1),
-            "extrapolated_1024_gib": round(per * 1024 / 1024, 1),
-            "calls": summary(lat, calls, elapsed, workers=workers),
-            "reset_file_copy_ms": round(reset_ms, 3)}
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        per = self.memory["pss_mib"] / self.n
+        return {"instances": self.n, "start_all_s": round(self.start_s, 1),
+                "memory": self.memory, "pss_per_instance_mib": round(per, 1),
+                "extrapolated_1024_gib": round(per * 1024 / 1024, 1),
+                "reset_file_copy_ms": round(reset_ms, 3)}
 
 
 # -- locust, headless and bounded -----------------------------------------------------------
@@ -202,13 +222,66 @@ def run_locust(url: str, users: int, seconds: int) -> dict:
             "all": pick("Aggregated")}
 
 
+# -- Serve's floor: a trivial ingress in the same Serve instance ------------------------------
+def deploy_floor(port: int) -> str:
+    """A FastAPI ingress with one GET returning a constant, beside the farm's apps."""
+    from fastapi import FastAPI
+    from ray import serve
+
+    app = FastAPI()
+
+    @app.get("/")
+    def constant() -> dict:
+        return {"ok": True}
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    @serve.ingress(app)
+    class Floor:
+        pass
+
+    serve.run(Floor.bind(), name="bench_floor", route_prefix="/bench-floor")
+    return f"http://127.0.0.1:{port}/bench-floor/"
+
+
+async def get_latency(url: str, n: int) -> dict:
+    """Sequential GETs on one connection: p50/p99."""
+    lat: list[float] = []
+    async with session() as s:
+        for k in range(n + 10):
+            t0 = time.perf_counter()
+            async with s.get(url) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: {r.status}")
+            if k >= 10:
+                lat.append(time.perf_counter() - t0)
+    return {"n": n, "p50_ms": round(pct(lat, 0.5) * 1000, 2),
+            "p99_ms": round(pct(lat, 0.99) * 1000, 2)}
+
+
 # -- main -----------------------------------------------------------------------------------
+# Per mode: the call for one farm process, given the share k of the client's concurrency.
 MODES = {
-    "http_calls": lambda url, d: http_calls(url, 32, d),
-    "batched_calls": lambda url, d: batched_calls(url, 4, 64, d, via="owner"),
-    "batched_front": lambda url, d: batched_calls(url, 4, 64, d, via="front"),
-    "mcp_calls": lambda url, d: mcp_calls(url, 32, d),
+    "http_calls": lambda url, d, k: http_calls(url, 32 // k, d),
+    "batched_calls": lambda url, d, k: batched_calls(url, 4 // k, 64, d, via="owner"),
+    "batched_front": lambda url, d, k: batched_calls(url, 4 // k, 64, d, via="front"),
+    "mcp_calls": lambda url, d, k: mcp_calls(url, 32 // k, d),
 }
+CEILING_MODES = ("http_calls", "batched_calls", "batched_front")
+
+
+async def on_all(mode: str, urls: list[str], duration: float) -> dict:
+    """One mode on every process of a side at once (the client's concurrency split evenly)."""
+    parts = await asyncio.gather(*(MODES[mode](u, duration, len(urls)) for u in urls))
+    if len(parts) == 1:
+        return parts[0]
+    calls = sum(p["calls"] for p in parts)
+    return {"calls": calls, "seconds": max(p["seconds"] for p in parts),
+            "calls_per_s": round(sum(p["calls_per_s"] for p in parts), 1),
+            "p50_ms": round(sum(p["p50_ms"] * p["calls"] for p in parts) / max(calls, 1), 2),
+            "p99_ms": max(p["p99_ms"] for p in parts), "processes": len(parts),
+            "note": "calls/s summed over the processes, p50 their calls-weighted mean, p99 "
+                    "their max", "per_process": parts}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -217,75 +290,128 @@ def median_run(runs: list[dict]) -> dict:
     return {**ordered[len(ordered) // 2], "runs_calls_per_s": [r["calls_per_s"] for r in runs]}
 
 
-def interleaved(urls: dict[str, str], duration: float, rounds: int) -> dict[str, dict]:
-    """Every mode, alternating sides round by round: the machine is shared, and its load drifts
-    over minutes, so back-to-back blocks would compare different machines."""
-    out: dict[str, dict] = {side: {} for side in urls}
-    for name, fn in MODES.items():
-        runs: dict[str, list[dict]] = {side: [] for side in urls}
-        for _ in range(rounds):
-            for side, url in urls.items():
-                runs[side].append(asyncio.run(fn(url, duration)))
-        for side in urls:
-            out[side][name] = median_run(runs[side])
-    for side, url in urls.items():
-        out[side]["lease_acquire"] = asyncio.run(lease_latency(url, 300))
-        out[side]["lease_acquire_batch16"] = asyncio.run(lease_batch_latency(url, 16, 40))
+def interleaved(sides: dict[str, list[str]], awm: AwmBaseline, duration: float,
+                rounds: int) -> dict[str, dict]:
+    """Every (side, mode) job once per round, the job order reversed every other round."""
+    jobs: list[tuple[str, str, Any]] = [
+        (side, mode, lambda urls=urls, mode=mode: on_all(mode, urls, duration))
+        for mode in MODES for side, urls in sides.items()]
+    jobs.append(("serve", "handles", lambda: handle_calls(duration)))
+    jobs.append(("awm", "http_calls", lambda: awm.calls(duration)))
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for r in range(rounds):
+        for side, mode, job in (jobs if r % 2 == 0 else jobs[::-1]):
+            runs.setdefault((side, mode), []).append(asyncio.run(job()))
+    out: dict[str, dict] = {}
+    for (side, mode), got in runs.items():
+        out.setdefault(side, {})[mode] = median_run(got)
     return out
+
+
+def sequential_latencies(urls: dict[str, str], floor_url: str, rounds: int, n: int) -> dict:
+    """Lease acquire (both farms), Serve's floor and the farm's /healthz, alternating."""
+    jobs = {"no_ray_lease_acquire": lambda: lease_latency(urls["no_ray"], n),
+            "serve_lease_acquire": lambda: lease_latency(urls["serve"], n),
+            "serve_floor_get": lambda: get_latency(floor_url, n),
+            "serve_healthz": lambda: get_latency(urls["serve"] + "/healthz", n),
+            "no_ray_healthz": lambda: get_latency(urls["no_ray"] + "/healthz", n)}
+    runs: dict[str, list[dict]] = {k: [] for k in jobs}
+    for r in range(rounds):
+        for name in (list(jobs) if r % 2 == 0 else list(jobs)[::-1]):
+            runs[name].append(asyncio.run(jobs[name]()))
+    return {name: {"p50_ms": statistics.median(x["p50_ms"] for x in got),
+                   "p99_ms": statistics.median(x["p99_ms"] for x in got),
+                   "runs_p50_ms": [x["p50_ms"] for x in got], "n_per_run": n}
+            for name, got in runs.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per throughput run")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating runs per mode and side")
-    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every (side, mode) job")
+    ap.add_argument("--replicas", type=int, default=2, help="Serve pool replicas")
+    ap.add_argument("--no-ray-procs", type=int, default=None,
+                    help="--no-ray processes of the equal-count side (default: --replicas)")
     ap.add_argument("--awm", type=int, default=16, help="AWM baseline instances")
     ap.add_argument("--hold", type=int, default=1024, help="leases held at once")
     ap.add_argument("--locust-seconds", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
-    d, rounds = (1.5, 1) if args.quick else (args.duration, args.rounds)
+    d, rounds = (1.0, 1) if args.quick else (args.duration, args.rounds)
+    procs_equal = args.no_ray_procs or args.replicas
+    hold = 128 if args.quick else args.hold
     res: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                       "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                                        "loadavg_start": os.getloadavg()},
-                           "settings": {"duration_s": d, "rounds": rounds,
-                                        "replicas": args.replicas, "tool": TOOL, "env": ENV}}
+                           "settings": {"duration_s": d, "rounds": rounds, "hold": hold,
+                                        "replicas": args.replicas,
+                                        "no_ray_procs_equal": procs_equal, "tool": TOOL,
+                                        "env": ENV}}
     from envfarm.farm import FarmConfig, PoolConfig
     from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
-    proc, local_url = start_no_ray(warm=64)
+    started = [start_no_ray(warm=64) for _ in range(max(1, procs_equal))]
+    proc, local_url = started[0]
+    equal = f"no_ray_x{procs_equal}"
+    awm = AwmBaseline(4 if args.quick else args.awm)
     t0 = time.perf_counter()
+    port = free_port()
     farm = start_farm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=64)),
-                      ServeOptions(port=free_port(), num_cpus=2,
+                      ServeOptions(port=port, num_cpus=2,
                                    deployment=DeploymentOptions(num_replicas=args.replicas)))
     res["serve_startup_s"] = round(time.perf_counter() - t0, 1)
-    not_ray = {proc.pid}
+    not_ray = {p.pid for p, _ in started} | {p.pid for p in awm.procs}
     try:
-        both = interleaved({"no_ray": local_url, "serve": farm.url}, d, rounds)
-        res["no_ray"], res["serve"] = both["no_ray"], both["serve"]
-        res["serve"]["handles"] = asyncio.run(handle_calls(d * rounds))
+        floor_url = deploy_floor(port)
+        sides = {"no_ray": [local_url], "serve": [farm.url]}
+        if procs_equal > 1:
+            sides[equal] = [u for _, u in started]
+        got = interleaved(sides, awm, d, rounds)
+        res["no_ray"], res["serve"], res["awm_calls"] = got["no_ray"], got["serve"], got["awm"]
+        res[equal] = got.get(equal, {})
+        res["sequential"] = sequential_latencies({"no_ray": local_url, "serve": farm.url},
+                                                 floor_url, rounds, 50 if args.quick else 200)
+        res["serve"]["lease_acquire_batch16"] = asyncio.run(lease_batch_latency(farm.url, 16, 40))
+        res["no_ray"]["lease_acquire_batch16"] = asyncio.run(
+            lease_batch_latency(local_url, 16, 40))
+        res["serve"]["handle_lease_acquire"] = asyncio.run(handle_acquire())
+        from ray import serve
+
+        serve.delete("bench_floor")  # not counted in the Serve farm's memory below
         res["no_ray"]["hold"] = asyncio.run(hold_leases(
-            local_url, args.hold, d, lambda: tree_memory(proc.pid, exclude_self=False)))
+            local_url, hold, d, lambda: tree_memory(proc.pid, exclude_self=False)))
         res["serve"]["hold"] = asyncio.run(hold_leases(
-            farm.url, args.hold, d, lambda: tree_memory(exclude=not_ray)))
+            farm.url, hold, d, lambda: tree_memory(exclude=not_ray)))
         res["serve"]["memory_after_release"] = tree_memory(exclude=not_ray)
         secs = 5 if args.quick else args.locust_seconds
         res["no_ray"]["locust"] = run_locust(local_url, 20, secs)
         res["serve"]["locust"] = run_locust(farm.url, 20, secs)
     finally:
         farm.shutdown()
-        proc.terminate()
-        proc.wait(timeout=15)
-
-    res["awm"] = awm_baseline(4 if args.quick else args.awm, d * rounds, 32)
+        for p, _ in started:
+            p.terminate()
+        for p, _ in started:
+            p.wait(timeout=15)
+        res["awm"] = {**awm.stop(), "calls": res.get("awm_calls", {}).get("http_calls")}
+    res.pop("awm_calls", None)
     res["machine"]["loadavg_end"] = os.getloadavg()
-    # The single-process ceiling: the best the --no-ray process did, per call or batched.
-    ceiling = max(res["no_ray"][k]["calls_per_s"]
-                  for k in ("http_calls", "batched_calls", "batched_front"))
-    res["ceiling_calls_per_s"] = ceiling
-    res["ratios"] = {f"serve_{k}_vs_ceiling": round(res["serve"][k]["calls_per_s"] / ceiling, 2)
-                     for k in ("http_calls", "batched_calls", "batched_front", "mcp_calls",
-                               "handles")}
+    # The ceilings: the best --no-ray mode, one process and as many processes as Serve's replicas.
+    res["ceiling_calls_per_s"] = max(res["no_ray"][k]["calls_per_s"] for k in CEILING_MODES)
+    res["ceiling_mode"] = max(CEILING_MODES, key=lambda k: res["no_ray"][k]["calls_per_s"])
+    ratios: dict[str, float] = {}
+    if res[equal]:
+        res["ceiling_equal_calls_per_s"] = max(res[equal][k]["calls_per_s"]
+                                               for k in CEILING_MODES)
+        res["ceiling_equal_mode"] = max(CEILING_MODES,
+                                        key=lambda k: res[equal][k]["calls_per_s"])
+    for k in (*MODES, "handles"):
+        ratios[f"serve_{k}_vs_ceiling_1_process"] = round(
+            res["serve"][k]["calls_per_s"] / res["ceiling_calls_per_s"], 2)
+        if res[equal]:
+            ratios[f"serve_{k}_vs_ceiling_{procs_equal}_processes"] = round(
+                res["serve"][k]["calls_per_s"] / res["ceiling_equal_calls_per_s"], 2)
+    res["ratios"] = ratios
     text = json.dumps(res, indent=2)
     print(text)
     print(render_markdown(res))
@@ -295,41 +421,62 @@ def main() -> None:
 
 def render_markdown(res: dict) -> str:
     """The tables of RESULTS.md's Farm section, from one run's JSON."""
-    nr, sv, awm = res["no_ray"], res["serve"], res["awm"]
+    nr, sv, awm, sq = res["no_ray"], res["serve"], res["awm"], res["sequential"]
+    k = res["settings"]["no_ray_procs_equal"]
+    eq = res.get(f"no_ray_x{k}") or {}
 
-    def row(name: str, r: dict, unit: str = "") -> str:
-        return (f"| {name} | {r['calls_per_s']:,.0f} | {r['p50_ms']:g} | {r['p99_ms']:g} |"
-                f" {unit} |")
+    def row(name: str, r: dict, note: str = "", ceiling: bool = False) -> str:
+        mark = "**" if ceiling else ""
+        return (f"| {name} | {mark}{r['calls_per_s']:,.0f}{mark} | {r['p50_ms']:g} | "
+                f"{r['p99_ms']:g} | {', '.join(f'{x:,.0f}' for x in r['runs_calls_per_s'])} "
+                f"| {note} |")
 
-    lines = [
-        "| path (same run, interleaved) | calls/s | p50 ms | p99 ms | notes |",
-        "|---|---|---|---|---|",
-        row("--no-ray, HTTP, 32 leases", nr["http_calls"], "one call per request"),
-        row("--no-ray, owner batch x64", nr["batched_calls"], "latency per batch"),
-        row("--no-ray, MCP tools/call, 32 leases", nr["mcp_calls"], ""),
-        row("Serve HTTP, 32 leases", sv["http_calls"], "one call per request"),
-        row("Serve owner batch x64 (`/envs/{env}/owners/{o}/batch`)", sv["batched_calls"],
-            "one hop; latency per batch"),
-        row("Serve front batch x64 (`/batch/call`)", sv["batched_front"],
-            "front fans out by handle"),
-        row("Serve MCP tools/call, 32 leases", sv["mcp_calls"], ""),
-        row("in-cluster DeploymentHandles, batch x64", sv["handles"], "no HTTP proxy"),
-        row(f"AWM: {awm['instances']} uvicorn processes + DB files", awm["calls"],
-            "one call per request"),
-    ]
-    la, lb, lh = nr["lease_acquire"], sv["lease_acquire"], sv["handles"]["lease_acquire"]
+    labels = {"http_calls": ("HTTP, 32 leases", "one call per request"),
+              "batched_calls": ("owner batch x64", "one hop; latency per batch"),
+              "batched_front": ("front batch x64 (`/batch/call`)", "latency per batch"),
+              "mcp_calls": ("MCP tools/call, 32 leases", "")}
+    lines = ["| path (same run, interleaved) | calls/s (median round) | p50 ms | p99 ms "
+             "| every round, calls/s | notes |", "|---|---|---|---|---|---|"]
+    for mode, (name, note) in labels.items():
+        lines.append(row(f"--no-ray, 1 process, {name}", nr[mode],
+                         note + ("; **the 1-process ceiling**" if mode == res["ceiling_mode"]
+                                 else ""), mode == res["ceiling_mode"]))
+    for mode, (name, note) in labels.items():
+        if eq:
+            is_ceiling = mode == res.get("ceiling_equal_mode")
+            lines.append(row(f"--no-ray, {k} processes, {name}", eq[mode],
+                             note + (f"; **the {k}-process ceiling**" if is_ceiling else ""),
+                             is_ceiling))
+    for mode, (name, note) in labels.items():
+        lines.append(row(f"Serve ({res['settings']['replicas']} replicas), {name}", sv[mode],
+                         note))
+    lines.append(row("Serve, in-cluster DeploymentHandles, batch x64", sv["handles"],
+                     "no HTTP proxy"))
+    lines.append(row(f"AWM: {awm['instances']} uvicorn processes + DB files", awm["calls"],
+                     "one call per request"))
+    lines += ["", "| ratio (median rounds) | value |", "|---|---|"]
+    lines += [f"| {name} | {v} |" for name, v in res["ratios"].items()]
     lines += [
         "",
-        "| lease acquire (warm pool) | p50 ms | p99 ms |",
+        "| sequential latency (interleaved rounds) | p50 ms | p99 ms |",
         "|---|---|---|",
-        f"| --no-ray HTTP | {la['p50_ms']} | {la['p99_ms']} |",
-        f"| Serve HTTP | {lb['p50_ms']} | {lb['p99_ms']} |",
-        (f"| Serve HTTP `leases:batch` x16, per lease | "
-        f"{sv['lease_acquire_batch16']['per_lease_p50_ms']} | - |"),
-        f"| in-cluster handle | {lh['p50_ms']} | {lh['p99_ms']} |",
+        f"| --no-ray lease acquire (HTTP) | {sq['no_ray_lease_acquire']['p50_ms']} | "
+        f"{sq['no_ray_lease_acquire']['p99_ms']} |",
+        f"| Serve lease acquire (HTTP) | {sq['serve_lease_acquire']['p50_ms']} | "
+        f"{sq['serve_lease_acquire']['p99_ms']} |",
+        f"| Serve's floor: trivial FastAPI ingress GET | {sq['serve_floor_get']['p50_ms']} | "
+        f"{sq['serve_floor_get']['p99_ms']} |",
+        f"| Serve farm /healthz | {sq['serve_healthz']['p50_ms']} | "
+        f"{sq['serve_healthz']['p99_ms']} |",
+        f"| --no-ray /healthz | {sq['no_ray_healthz']['p50_ms']} | "
+        f"{sq['no_ray_healthz']['p99_ms']} |",
+        f"| Serve `leases:batch` x16, per lease | "
+        f"{sv['lease_acquire_batch16']['per_lease_p50_ms']} | - |",
+        f"| Serve in-cluster handle acquire | {sv['handle_lease_acquire']['p50_ms']} | "
+        f"{sv['handle_lease_acquire']['p99_ms']} |",
         "",
-        ("| 1,024 leases held, calls flowing | total RSS MiB | total PSS MiB | processes |"
-        " calls/s |"),
+        (f"| {res['settings']['hold']:,} leases held, calls flowing | total RSS MiB "
+         "| total PSS MiB | processes | calls/s |"),
         "|---|---|---|---|---|",
     ]
     for name, h in (("--no-ray (one process)", nr["hold"]),
@@ -338,9 +485,8 @@ def render_markdown(res: dict) -> str:
         lines.append(f"| {name} | {m['rss_mib']:,.0f} | {m['pss_mib']:,.0f} | "
                      f"{m['processes']} | {h['flow']['calls_per_s']:,.0f} |")
     am = awm["memory"]
-    lines.append(f"| AWM, {awm['instances']} instances (measured) | {am['rss_mib']:,.0f} | "
-                 f"{am['pss_mib']:,.0f} | {am['processes']} | "
-                 f"{awm['calls']['calls_per_s']:,.0f} |")
+    lines.append(f"| AWM, {awm['instances']} instances (measured, idle) | {am['rss_mib']:,.0f} | "
+                 f"{am['pss_mib']:,.0f} | {am['processes']} | - |")
     lines.append(f"| AWM, 1,024 instances (extrapolated) | - | "
                  f"{awm['extrapolated_1024_gib'] * 1024:,.0f} | 1,024 | - |")
     lines += ["", ("| locust, 20 users, lease -> 20 calls -> release | req/s | p50 ms | p99 ms |"
@@ -352,19 +498,26 @@ def render_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> dict:
-    """The in-cluster path: DeploymentHandles from this (driver) process, no HTTP proxy."""
+async def handle_acquire(n: int = 100) -> dict:
+    """Lease acquire over DeploymentHandles from this (driver) process, no HTTP proxy."""
     from envfarm.serve import InClusterFarm
 
     farm = await InClusterFarm.connect()
     lat = []
-    for _ in range(120):
+    for _ in range(n + 20):
         t0 = time.perf_counter()
         lease = await farm.lease(ENV)
         lat.append(time.perf_counter() - t0)
         await farm.release(lease)
-    acquire = {"n": len(lat[20:]), "p50_ms": round(pct(lat[20:], 0.5) * 1000, 2),
-               "p99_ms": round(pct(lat[20:], 0.99) * 1000, 2)}
+    return {"n": n, "p50_ms": round(pct(lat[20:], 0.5) * 1000, 2),
+            "p99_ms": round(pct(lat[20:], 0.99) * 1000, 2)}
+
+
+async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> dict:
+    """The in-cluster path: batched calls over DeploymentHandles from this (driver) process."""
+    from envfarm.serve import InClusterFarm
+
+    farm = await InClusterFarm.connect()
     groups = [[await farm.lease(ENV) for _ in range(batch)] for _ in range(workers)]
 
     async def one(i: int) -> int:
@@ -376,7 +529,7 @@ async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> 
         for lease in g:
             await farm.release(lease)
     return summary(lat, calls, elapsed, workers=workers, batch=batch,
-                   note="latency is per batch of calls", lease_acquire=acquire)
+                   note="latency is per batch of calls")
 
 
 if __name__ == "__main__":
