@@ -78,26 +78,37 @@ async def time_calls(rt: EnvRuntime, tool: str, args: dict, n: int) -> list[floa
 
 
 class AwmResetCopy:
-    """AWM's reset: copy the template DB file over the instance's file, in one folder."""
+    """AWM's reset: copy the template DB file to the instance's path, in one folder. Two ways,
+    alternating: over the existing file, and to a new file renamed over it (cheaper on ext4 here:
+    no truncate of the old blocks). The cheaper one is the baseline."""
 
     def __init__(self, template: bytes) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="awm_reset_"))
         self.src, self.dst = self.work / "template.db", self.work / "instance.db"
         self.src.write_bytes(template)
         self.dst.write_bytes(template)
-        self.times: list[float] = []
+        self.overwrite: list[float] = []
+        self.replace: list[float] = []
 
     def once(self) -> None:
         t = time.perf_counter()
         shutil.copyfile(self.src, self.dst)
-        self.times.append((time.perf_counter() - t) * 1e6)
+        self.overwrite.append((time.perf_counter() - t) * 1e6)
+        t = time.perf_counter()
+        shutil.copyfile(self.src, self.work / "next.db")
+        os.replace(self.work / "next.db", self.dst)
+        self.replace.append((time.perf_counter() - t) * 1e6)
 
     def result(self) -> dict:
         shutil.rmtree(self.work)
-        return {"awm_reset_copy_p50_us": statistics.median(self.times),
-                "awm_reset_copy_p99_us": pct(self.times, 0.99), "awm_reset_copies":
-                len(self.times), "awm_reset_copy_dir": str(self.work.parent),
-                "awm_reset_copy_fs": fs_type(self.work.parent)}
+        over, repl = statistics.median(self.overwrite), statistics.median(self.replace)
+        best = self.replace if repl <= over else self.overwrite
+        return {"awm_reset_copy_p50_us": min(over, repl),
+                "awm_reset_copy_p99_us": pct(best, 0.99),
+                "awm_reset_copy_way": "copy + rename" if repl <= over else "overwrite",
+                "awm_reset_overwrite_p50_us": over, "awm_reset_copy_rename_p50_us": repl,
+                "awm_reset_copies": len(self.overwrite), "awm_reset_copy_dir":
+                str(self.work.parent), "awm_reset_copy_fs": fs_type(self.work.parent)}
 
 
 def fs_type(path: Path) -> str:
@@ -366,14 +377,16 @@ def main() -> None:
 def render_markdown(result: dict) -> str:
     """RESULTS.md's Runtime tables, from one run's JSON."""
     lines = ["| catalog | env | tables | rows | tools | template build ms | load ms "
-             "| reset p50 / p99 µs | AWM reset (file copy) p50 µs | x | new instance p50 µs |",
+             "| reset p50 / p99 µs | AWM reset p50 µs: overwrite / copy + rename | x (vs cheaper) "
+             "| new instance p50 µs |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["envs"]:
         lines.append(
             f"| {r['catalog']} | {r['env']} | {r['tables']} | {r['rows']} | {r['tools']} "
             f"| {r['template_build_ms']:.1f} | {r['load_ms']:.0f} "
             f"| {r['reset_p50_us']:.1f} / {r['reset_p99_us']:.1f} "
-            f"| {r['awm_reset_copy_p50_us']:.0f} | {r['reset_vs_awm_copy']:.0f} "
+            f"| {r['awm_reset_overwrite_p50_us']:.0f} / {r['awm_reset_copy_rename_p50_us']:.0f} "
+            f"| {r['reset_vs_awm_copy']:.0f} "
             f"| {r['new_instance_p50_us']:.0f} |")
     lines += ["", "| env | read tool | call p50 / p99 ms | same run, interleaved: envfarm call p50 "
               "ms | bare ASGI p50 ms | overhead µs: difference of p50s / p50 of paired differences |",
