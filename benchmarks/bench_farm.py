@@ -72,8 +72,9 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
 # -- --no-ray: the farm in one uvicorn process (a subprocess, so the client has its own GIL) --
 def start_no_ray(warm: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    code = ("from envfarm.farm import FarmConfig, FarmCore, PoolConfig, make_server\n"
-            f"core = FarmCore(FarmConfig(envs=[{ENV!r}], pool=PoolConfig(warm={warm})))\n"
+    code = ("from envfarm.compose import compose_core\n"
+            "from envfarm.farm import FarmConfig, PoolConfig, make_server\n"
+            f"core = compose_core(FarmConfig(envs=[{ENV!r}], pool=PoolConfig(warm={warm})))\n"
             f"make_server(core, '127.0.0.1', {port}).run()\n")
     proc = subprocess.Popen([PY, "-c", code], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
