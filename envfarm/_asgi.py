@@ -3,50 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Generator
 from typing import Any
-
-from envfarm._guard import CallGuard
-
-
-class Tracked:
-    """Await a coroutine while marking each of its steps as running env code of ``guard``.
-
-    The timeout watchdog only interrupts a thread while it is inside such a step, so a busy loop
-    is stopped without ever raising into unrelated code that shares the event loop.
-    """
-
-    __slots__ = ("_coro", "_guard")
-
-    def __init__(self, coro: Coroutine, guard: CallGuard) -> None:
-        self._coro = coro
-        self._guard = guard
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self  # type: ignore[return-value]
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.send(None)
-
-    def send(self, value):
-        self._guard.enter()
-        try:
-            return self._coro.send(value)
-        finally:
-            self._guard.exit()
-
-    def throw(self, *exc):
-        self._guard.enter()
-        try:
-            return self._coro.throw(*exc)
-        finally:
-            self._guard.exit()
-
-    def close(self):
-        self._coro.close()
 
 
 async def asgi_request(app, method: str, path: str, query: str, body: bytes | None

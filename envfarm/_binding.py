@@ -49,20 +49,25 @@ def unbind(token: contextvars.Token) -> None:
     _slot.reset(token)
 
 
-def _current_connection() -> sqlite3.Connection:
+def _current_slot() -> Slot:
     slot = _slot.get()
     if slot is None:
         raise RuntimeError("env code used the database outside of a tool call")
-    return slot.conn
+    guard = _guard.active_guard()
+    if guard is not None and guard.done:
+        raise RuntimeError("env code used the database after its tool call ended")
+    return slot
+
+
+def _current_connection() -> sqlite3.Connection:
+    return _current_slot().conn
 
 
 class InstancePool(Pool):
     """A pool that hands out the current instance's connection; it never resets or closes it."""
 
     def _do_get(self) -> _ConnectionRecord:
-        slot = _slot.get()
-        if slot is None:
-            raise RuntimeError("env code used the database outside of a tool call")
+        slot = _current_slot()
         if slot.record is None or slot.record.dbapi_connection is not slot.conn:
             slot.record = _ConnectionRecord(self)
         return slot.record
@@ -99,6 +104,13 @@ class _ModuleShim(types.ModuleType):
         return getattr(self.__real, name)
 
 
+#: Modules env code may not import by name: the project's own (the guard, secrets, the farm) and
+#: the ones that reach around the guard. Not a wall (``sys.modules`` is one lookup away), but
+#: it turns the obvious attempt into a clear error.
+_DENIED_IMPORTS = frozenset({"envfarm", "judge", "synth", "trainer", "ray", "ctypes", "_ctypes",
+                             "gc", "_thread", "faulthandler", "_posixsubprocess"})
+
+
 def _shim_import(engine: sqlalchemy.Engine):
     real_import = builtins.__import__
     make_engine = lambda *args, **kwargs: engine  # noqa: E731 - same engine, whatever the URL
@@ -111,6 +123,8 @@ def _shim_import(engine: sqlalchemy.Engine):
     }
 
     def _import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.partition(".")[0] in _DENIED_IMPORTS:
+            raise ImportError(f"env code may not import {name!r}")
         mod = real_import(name, globals, locals, fromlist, level)
         if level == 0 and (name in shims or name.startswith("sqlalchemy.")):
             if not fromlist:
@@ -186,8 +200,8 @@ def _tracked(fn):
         guard = _guard.current_guard()
         if guard is None:
             return fn(*args, **kwargs)
-        guard.enter()
         try:
+            guard.enter()
             return fn(*args, **kwargs)
         finally:
             guard.exit()

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envfarm import _binding, _guard
-from envfarm._asgi import Tracked, asgi_request, decode_body
+from envfarm import _binding, _guard, _sqlite_guard
+from envfarm._asgi import asgi_request, decode_body
+from envfarm._guard import Tracked
 from envfarm._tools import Operation, extract_operations
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
@@ -24,6 +25,8 @@ from envfarm.template import TemplateBuild, build_template, open_memory_db
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
 MAX_PAYLOAD_BYTES = 1 << 20
+#: How long the tasks a call spawned get to unwind after it was cancelled, inside the call.
+SPAWNED_TASK_GRACE_S = 0.2
 
 
 class EnvRuntime:
@@ -152,22 +155,38 @@ class Instance:
         timeout = self.runtime.call_timeout_s
         before = self.conn.serialize()
         guard = _guard.CallGuard(timeout, self.conn)
+        _guard.track_tasks(asyncio.get_running_loop())
         token = _binding.bind(self._slot)
         status: int | None = None
         try:
             with _guard.guarded(guard):
-                async with asyncio.timeout(timeout):
-                    coro = asgi_request(self.runtime.app, op.method, path, query, body)
-                    status, raw, content_type = await Tracked(coro, guard)
+                try:
+                    async with asyncio.timeout(timeout):
+                        coro = asgi_request(self.runtime.app, op.method, path, query, body)
+                        status, raw, content_type = await Tracked(coro, guard)
+                finally:
+                    if guard.tasks:  # nothing the call started outlives it
+                        await guard.stop_tasks(SPAWNED_TASK_GRACE_S)
+            if guard.fired:  # some of its code (a spawned task, say) ran past the deadline
+                raise _guard.CallTimeout
             result = decode_body(raw, content_type)
         except (_guard.CallTimeout, TimeoutError):
             result = _failed("env_error", f"tool {op.spec.name!r} timed out after {timeout:g} s",
                              status, started)
-        except Exception as exc:  # noqa: BLE001 - env code may raise anything
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the host cancelled this call: not the env code's doing
+            result = _failed("env_error", f"tool {op.spec.name!r} raised CancelledError",
+                             status, started)
+        except BaseException as exc:  # noqa: BLE001 - env code may raise anything, SystemExit too
             result = _failed("env_error", f"tool {op.spec.name!r} raised {type(exc).__name__}: "
                              f"{_clip(str(exc))}", status, started)
         finally:
             _binding.unbind(token)
+            # Statements cached during the call are re-authorized on next use: code that
+            # outlived the call (a thread stuck in C, a callback) is denied by the authorizer.
+            _sqlite_guard.expire(self.conn)
         if isinstance(result, CallResult) or status is None or status >= 400:
             self._restore(before)  # a failed call leaves no partial writes behind
             if isinstance(result, CallResult):

@@ -1,4 +1,8 @@
-"""Build an environment's initial database once: DDL, then inserts in foreign-key order."""
+"""Build an environment's initial database once: DDL, then inserts in foreign-key order.
+
+DDL and INSERTs are LLM-written SQL: every connection they run on is hardened first (no ATTACH,
+no VACUUM INTO, no extensions; see ``_sqlite_guard``), whoever opened it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 
+from envfarm._sqlite_guard import connect_memory, harden
 from envfarm.models import DBSchema, SampleData
 
 
@@ -26,7 +31,7 @@ class TemplateBuild:
 
 def open_memory_db(foreign_keys: bool = True) -> sqlite3.Connection:
     # check_same_thread=False: sync env handlers run on worker threads; calls are serialized.
-    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    conn = connect_memory(check_same_thread=False)
     conn.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
     return conn
 
@@ -43,7 +48,7 @@ def build_template(
     ``before_inserts(conn)`` runs between DDL and inserts: the runtime uses it to let the env's
     own ``create_all`` add tables that the DDL lacks (some AWM envs only define them in code).
     """
-    conn = conn or open_memory_db()
+    conn = harden(conn or open_memory_db())
     errors: list[str] = []
     statements = 0
     for table in db_schema.tables if db_schema else []:
@@ -83,6 +88,7 @@ def execute_inserts(conn: sqlite3.Connection, tables: list[tuple[str, list[str]]
     Failed statements get further passes while any pass makes progress: sample data is not always
     FK-ordered within a table, and a later row may satisfy an earlier one's reference.
     """
+    harden(conn)
     conn.execute("PRAGMA foreign_keys=ON")
     run = InsertRun()
     pending = [(name, i, sql) for name, stmts in _fk_order(conn, tables)

@@ -1,0 +1,203 @@
+"""Process-wide patches that refuse, inside env code only, what the audit hook cannot see.
+
+Python 3.11 raises no audit event for starting a thread, handing work to an executor, reading
+``os.environ``, ``os._exit``, signal handlers, blocking waits or I/O on raw file descriptors.
+Each patch below checks ``_guard.in_env_code()`` (a context-variable read, plus a dict lookup
+only while some thread runs env code) and otherwise calls the real function, so host code pays
+well under a microsecond. The real functions stay in closures, not in attributes env code could
+reach by name (``functools.wraps`` would expose them as ``__wrapped__``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import concurrent.futures
+import os
+import posix
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from envfarm import _guard
+from envfarm._guard import SandboxViolation, in_env_code
+
+#: Waits longer than this inside env code would stall the event loop (or a worker thread).
+MAX_BLOCK_S = 0.05
+
+
+def _refusing(real, what: str):
+    """``real``, refused inside env code."""
+
+    def refuse_in_env_code(*args, **kwargs):
+        if in_env_code():
+            raise SandboxViolation(f"env code may not {what}")
+        return real(*args, **kwargs)
+
+    refuse_in_env_code.__name__ = getattr(real, "__name__", "refused")
+    refuse_in_env_code.__doc__ = getattr(real, "__doc__", None)
+    return refuse_in_env_code
+
+
+def _patch(owner, names: list[str], what: str) -> None:
+    for name in names:
+        real = getattr(owner, name, None)
+        if real is not None:
+            setattr(owner, name, _refusing(real, f"{what} ({name})"))
+
+
+# -- threads and executors -----------------------------------------------------------------------
+def _framework_thread(thread) -> bool:
+    """FastAPI runs sync handlers on anyio worker threads; the work it hands them carries the
+    call's context (so the guard follows it), and the call waits for that work to finish."""
+    mod = sys.modules.get("anyio._backends._asyncio")
+    worker = getattr(mod, "WorkerThread", None)
+    return worker is not None and type(thread) is worker
+
+
+def _patch_threads() -> None:
+    start = _refusing(_thread.start_new_thread, "start threads (their work would escape the "
+                      "call's guard, timeout and instance)")
+    _thread.start_new_thread = start
+    threading._start_new_thread = start  # what Thread.start calls
+    real_start = threading.Thread.start
+
+    def thread_start(self):
+        if _framework_thread(self) and in_env_code():
+            with _guard.host_code():  # starting it waits on an Event: not env code's wait
+                return real_start(self)
+        return real_start(self)
+
+    threading.Thread.start = thread_start
+    _patch(concurrent.futures.ThreadPoolExecutor, ["submit"], "hand work to a thread pool")
+    _patch(concurrent.futures.ProcessPoolExecutor, ["submit"], "hand work to a process pool")
+
+
+# -- processes, signals, file descriptors -----------------------------------------------------
+def _patch_process_control() -> None:
+    import _posixsubprocess
+    import faulthandler
+    import subprocess
+
+    fork_exec = _refusing(_posixsubprocess.fork_exec, "start processes (fork_exec)")
+    _posixsubprocess.fork_exec = fork_exec
+    if getattr(subprocess, "_fork_exec", None) is not None:
+        subprocess._fork_exec = fork_exec
+    _patch(os, ["_exit", "abort", "kill", "killpg", "setsid", "setpgid", "setuid", "setgid"],
+           "end or change the host process")
+    _patch(signal, ["signal", "raise_signal", "alarm", "setitimer", "pause", "siginterrupt",
+                    "set_wakeup_fd", "pthread_sigmask", "sigwait", "sigtimedwait",
+                    "sigwaitinfo"], "touch the host's signals")
+    _patch(faulthandler, [n for n in dir(faulthandler) if n.startswith("_") and
+                          not n.startswith("__")] + ["enable", "disable", "register",
+                                                     "dump_traceback_later"],
+           "crash or instrument the host")
+    # Raw descriptors belong to the host (its sockets, pipes and files): no audit event guards
+    # them, and env code has no descriptors of its own (it may not open files).
+    _patch(os, ["read", "write", "pread", "pwrite", "readv", "writev", "close", "closerange",
+                "dup", "dup2", "ftruncate", "lseek", "sendfile", "fsync", "fdatasync", "pipe",
+                "pipe2", "set_blocking", "set_inheritable", "fdopen"],
+           "use the host's file descriptors")
+
+
+# -- blocking waits ---------------------------------------------------------------------------
+def _bounded_wait(real, what: str, timeout_index: int, timeout_name: str):
+    """``real``, refused inside env code when it may block longer than MAX_BLOCK_S."""
+
+    def wait(*args, **kwargs):
+        if in_env_code():
+            timeout = kwargs.get(timeout_name, args[timeout_index] if len(args) > timeout_index
+                                 else None)
+            if timeout is None or timeout < 0 or timeout > MAX_BLOCK_S:
+                raise SandboxViolation(f"env code may not block in {what} (timeout={timeout}): "
+                                       "it would stall other leases and outlast the call timeout")
+        return real(*args, **kwargs)
+
+    wait.__name__ = getattr(real, "__name__", "wait")
+    return wait
+
+
+def _patch_blocking() -> None:
+    # Condition.wait backs Event.wait, Semaphore.acquire, Barrier.wait and queue.Queue.get/put.
+    threading.Condition.wait = _bounded_wait(threading.Condition.wait,
+                                             "threading.Condition.wait", 1, "timeout")
+    threading.Thread.join = _bounded_wait(threading.Thread.join, "threading.Thread.join", 1,
+                                          "timeout")
+    select.select = _bounded_wait(select.select, "select.select", 3, "timeout")
+    time.sleep = _guard.guarded_sleep
+
+
+# -- environment variables --------------------------------------------------------------------
+class _HostEnviron(os._Environ):
+    """``os.environ`` that is empty as seen from env code (``os.getenv`` gives the default).
+
+    The host process holds API keys; generated code reads ``DATABASE_PATH`` at most, and falls
+    back to its default, which the binding ignores anyway.
+    """
+
+    def __getitem__(self, key):
+        if in_env_code():
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        if in_env_code():
+            return iter(())
+        return super().__iter__()
+
+    def __len__(self):
+        if in_env_code():
+            return 0
+        return super().__len__()
+
+    def __getattribute__(self, name):
+        if name in _ENVIRON_INTERNALS and in_env_code():
+            raise SandboxViolation("env code may not read the host's environment variables")
+        return object.__getattribute__(self, name)
+
+
+_ENVIRON_INTERNALS = frozenset({"_data", "encodekey", "decodekey", "encodevalue", "decodevalue",
+                                "__repr__", "copy"})
+
+
+def _startup_environ(data: dict) -> Mapping:
+    """``posix.environ`` (the environment at startup, as bytes), refused to env code."""
+
+    def get() -> dict:
+        if in_env_code():
+            raise SandboxViolation("env code may not read the host's environment variables")
+        return data
+
+    class StartupEnviron(Mapping):
+        __slots__ = ()
+
+        def __getitem__(self, key):
+            return get()[key]
+
+        def __iter__(self):
+            return iter(get())
+
+        def __len__(self):
+            return len(get())
+
+    return StartupEnviron()
+
+
+def _patch_environ() -> None:
+    for name in ("environ", "environb"):
+        env = getattr(os, name, None)
+        if env is not None and not isinstance(env, _HostEnviron):
+            setattr(os, name, _HostEnviron(env._data, env.encodekey, env.decodekey,
+                                           env.encodevalue, env.decodevalue))
+    if isinstance(getattr(posix, "environ", None), dict):
+        posix.environ = _startup_environ(posix.environ)
+
+
+def patch_process() -> None:
+    """Apply every patch once (``_guard.install`` calls this)."""
+    _patch_threads()
+    _patch_process_control()
+    _patch_blocking()
+    _patch_environ()

@@ -1,0 +1,117 @@
+"""SQLite connections that run generated SQL (env code, LLM-written DDL and INSERTs).
+
+SQLite can open and write other files from plain SQL: ``ATTACH DATABASE '/any/path'`` (then
+``CREATE TABLE x.t AS SELECT ...``), ``VACUUM INTO '/any/path'``, ``load_extension()``, and a few
+pragmas (``temp_store_directory``). ``harden`` closes those with two independent layers: the
+attach limit set to 0 and an authorizer that denies ATTACH/DETACH (VACUUM INTO asks for ATTACH on
+its target), extension loading and any pragma not on a short list. The authorizer also denies
+every statement from env code whose call already ended (a task or thread that outlived it), and
+``expire`` makes SQLite re-prepare cached statements so such code cannot reuse one either.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from envfarm import _guard
+
+#: Largest string or blob a statement may build: ``zeroblob(10**9)`` would take a gigabyte.
+MAX_LENGTH = 64 << 20
+
+_ALLOWED_PRAGMAS = frozenset({
+    "foreign_keys", "foreign_key_list", "foreign_key_check", "defer_foreign_keys", "table_info",
+    "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "database_list",
+    "collation_list", "function_list", "module_list", "pragma_list", "compile_options",
+    "user_version", "application_id", "integrity_check", "quick_check", "case_sensitive_like",
+    "recursive_triggers", "busy_timeout", "encoding", "journal_mode", "synchronous", "cache_size",
+    "cache_spill", "page_count", "page_size", "max_page_count", "freelist_count",
+    "legacy_alter_table", "automatic_index", "optimize", "analysis_limit", "data_version",
+    "read_uncommitted", "reverse_unordered_selects", "query_only", "cell_size_check",
+    "ignore_check_constraints", "count_changes", "short_column_names", "full_column_names",
+    "empty_result_callbacks", "locking_mode", "secure_delete", "auto_vacuum",
+    "incremental_vacuum", "shrink_memory", "wal_checkpoint", "wal_autocheckpoint", "threads",
+})
+#: Readable but not settable: a file-backed temp store or a rewritten schema cookie.
+_READ_ONLY_PRAGMAS = frozenset({"temp_store", "schema_version"})
+_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile",
+                               "edit"})
+
+
+def authorize(action: int, arg1, arg2, db_name, trigger) -> int:
+    """The SQLite authorizer of every connection that runs generated SQL."""
+    if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        if not (name in _ALLOWED_PRAGMAS or (name in _READ_ONLY_PRAGMAS and arg2 is None)):
+            return sqlite3.SQLITE_DENY
+    elif action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    guard = _guard.active_guard()
+    if guard is not None and guard.done:
+        return sqlite3.SQLITE_DENY  # code that outlived its call touches no state
+    return sqlite3.SQLITE_OK
+
+
+class GuardedConnection(sqlite3.Connection):
+    """A connection whose guard env code cannot lift through the raw DBAPI object."""
+
+    def _host_only(self, what: str) -> None:
+        if _guard.in_env_code():
+            raise _guard.SandboxViolation(f"env code may not call Connection.{what}")
+
+    def set_authorizer(self, *args, **kwargs):
+        self._host_only("set_authorizer")
+        return super().set_authorizer(*args, **kwargs)
+
+    def setlimit(self, *args, **kwargs):
+        self._host_only("setlimit")
+        return super().setlimit(*args, **kwargs)
+
+    def enable_load_extension(self, *args, **kwargs):
+        self._host_only("enable_load_extension")
+        return super().enable_load_extension(*args, **kwargs)
+
+    def load_extension(self, *args, **kwargs):
+        self._host_only("load_extension")
+        return super().load_extension(*args, **kwargs)
+
+    def set_progress_handler(self, *args, **kwargs):
+        self._host_only("set_progress_handler")
+        return super().set_progress_handler(*args, **kwargs)
+
+    def set_trace_callback(self, *args, **kwargs):
+        self._host_only("set_trace_callback")
+        return super().set_trace_callback(*args, **kwargs)
+
+    def backup(self, *args, **kwargs):
+        self._host_only("backup")
+        return super().backup(*args, **kwargs)
+
+    def deserialize(self, *args, **kwargs):
+        self._host_only("deserialize")  # a crafted image is SQLite's least-tested input
+        super().set_authorizer(None)  # deserialize runs an internal ATTACH of "main"
+        try:
+            return super().deserialize(*args, **kwargs)
+        finally:
+            super().set_authorizer(authorize)
+
+
+def harden(conn: sqlite3.Connection) -> sqlite3.Connection:
+    """Fence ``conn`` for generated SQL (see the module docstring); returns it."""
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LENGTH)
+    conn.set_authorizer(authorize)
+    return conn
+
+
+def expire(conn: sqlite3.Connection) -> None:
+    """Make SQLite re-prepare (and so re-authorize) every cached statement of ``conn``."""
+    conn.set_authorizer(authorize)
+
+
+def connect_memory(check_same_thread: bool = False) -> GuardedConnection:
+    """A fresh, hardened in-memory database."""
+    conn = sqlite3.connect(":memory:", check_same_thread=check_same_thread,
+                           factory=GuardedConnection)
+    return harden(conn)
