@@ -14,7 +14,11 @@ unprivileged uid when it runs as root, a private network namespace when it can, 
    SQLite connections to anything but the two read-only copies.
 3. The verifier's builtins: no open/exec/eval/compile/input, an ``__import__`` that only hands
    out allowlisted modules, and a ``sqlite3`` whose ``connect`` opens the copies read-only and
-   immutable with ATTACH (and so ``VACUUM INTO``) disabled.
+   immutable.
+4. Every SQLite connection, ``:memory:`` ones included, however made (the hook sees each new
+   handle): attach limit 0 and an authorizer that denies ATTACH/DETACH (and so ``VACUUM INTO``
+   and reading other database files), extension loading and unlisted pragmas; its class refuses
+   the methods that would lift those (``set_authorizer``, ``setlimit``, ...).
 
 Python-level restrictions can be escaped by a determined attacker (``__subclasses__`` tricks);
 the audit hook and the OS layers are what hold then. Any violation is reported and the parent
@@ -58,6 +62,18 @@ _DENIED_PREFIXES = (
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
+#: Pragmas a verifier may use (reading the schema, mostly); every other one is denied.
+_ALLOWED_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "foreign_key_check", "foreign_keys", "integrity_check", "quick_check",
+    "user_version", "application_id", "page_count", "page_size", "freelist_count", "encoding",
+    "collation_list", "function_list", "pragma_list", "compile_options", "data_version",
+    "case_sensitive_like", "query_only", "cache_size", "database_list",
+})
+_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile",
+                               "edit"})
+
+
 class SandboxViolation(BaseException):
     """Raised by the audit hook; a BaseException so ``except Exception`` does not hide it."""
 
@@ -91,6 +107,7 @@ class _CallState:
     def __init__(self) -> None:
         self.violations: list[str] = []
         self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
+        self.opening = False  # inside _LockedConnection.__init__
 
     def violate(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -126,6 +143,12 @@ def _make_hook(state: _CallState, read_roots: tuple[str, ...], max_cpu_s: float)
             db = os.fspath(args[0]) if args[0] is not None else ""
             if db not in (":memory:", "") and db not in state.db_uris.values():
                 state.violate(f"sqlite3.connect to {db!r}")
+            return
+        if event == "sqlite3.connect/handle":
+            # Only _LockedConnection.__init__ may open a database: it hardens what it opened.
+            if type(args[0]) is not _LockedConnection or not state.opening:
+                state.violate(f"a sqlite3 connection made around the sandbox's connect "
+                              f"({type(args[0]).__name__})")
             return
         if event == "resource.setrlimit":
             # Only the per-call CPU window may move, and never beyond one call's budget.
@@ -170,6 +193,53 @@ def _safe_builtins(state: _CallState) -> dict:
     return safe
 
 
+def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
+    import sqlite3
+
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() not in _ALLOWED_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def _harden(conn) -> None:
+    import sqlite3
+
+    sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_LENGTH, 64 << 20)
+    sqlite3.Connection.set_authorizer(conn, _authorize)
+
+
+def _locked_connection_class(state: _CallState) -> type:
+    """The only sqlite3 connection class verifier code gets: it cannot lift ``_harden``."""
+    import sqlite3
+
+    def refuse(name):
+        def method(self, *args, **kwargs):
+            state.violate(f"sqlite3 Connection.{name}")
+        method.__name__ = name
+        return method
+
+    def __init__(self, *args, **kwargs):
+        state.opening = True
+        try:
+            sqlite3.Connection.__init__(self, *args, **kwargs)
+        finally:
+            state.opening = False
+        _harden(self)
+
+    names = ("set_authorizer", "setlimit", "enable_load_extension", "load_extension",
+             "set_progress_handler", "set_trace_callback", "deserialize")
+    return type("Connection", (sqlite3.Connection,),
+                {"__init__": __init__, **{n: refuse(n) for n in names}})
+
+
+_LockedConnection: type | None = None
+
+
 def _sqlite_shim(state: _CallState) -> types.ModuleType:
     import sqlite3
 
@@ -185,17 +255,17 @@ def _sqlite_shim(state: _CallState) -> types.ModuleType:
             target = target[5:].split("?", 1)[0]
             while target.startswith("//"):
                 target = target[1:]
+        kwargs["factory"] = _LockedConnection  # hardened by the hook as it is made
         if target in (":memory:", ""):
             return sqlite3.connect(target, *args, **kwargs)
         uri = state.db_uris.get(os.path.normpath(target))
         if uri is None:
             state.violate(f"sqlite3.connect to {database!r}")
         kwargs["uri"] = True
-        conn = sqlite3.connect(uri, *args, **kwargs)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # also blocks VACUUM INTO
-        return conn
+        return sqlite3.connect(uri, *args, **kwargs)
 
     shim.connect = connect
+    shim.Connection = _LockedConnection
     return shim
 
 
@@ -304,6 +374,8 @@ def main() -> None:
         os.path.join(p, "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
     )
     state = _CallState()
+    global _LockedConnection
+    _LockedConnection = _locked_connection_class(state)
     sys.addaudithook(_make_hook(state, read_roots, float(config["max_cpu_s"])))
     builtins_ = _safe_builtins(state)
     cache: dict = {}
