@@ -511,3 +511,25 @@ def test_host_code_keeps_threads_env_vars_and_files(hostile, tmp_path, monkeypat
     assert os.read(r, 1) == b"x"
     os.close(r)
     os.close(w)
+
+
+async def test_system_exit_through_the_farm_is_a_typed_env_error(hostile):
+    from envfarm.farm import FarmConfig, FarmCore, PoolConfig
+
+    from .farm.conftest import farm_client
+
+    core = FarmCore(FarmConfig(envs=["toy"], pool=PoolConfig(warm=1)),
+                    catalog={"toy": hostile.bundle}, runtimes={"toy": hostile})
+    async with farm_client(core) as client:
+        r = await client.post("/envs/toy/leases", json={})
+        assert r.status_code == 201, r.text
+        info = r.json()
+        path = f"/envs/toy/leases/{info['lease_id']}"
+        auth = {"Authorization": f"Bearer {info['token']}"}
+        r = await client.post(path + "/call", json={"tool": "system_exit", "arguments": {}},
+                              headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.json()["error"]["kind"] == "env_error" and "SystemExit" in r.text
+        r = await client.post(path + "/call", json={"tool": "list_notes", "arguments": {}},
+                              headers=auth)
+        assert r.status_code == 200 and r.json()["ok"] is True
