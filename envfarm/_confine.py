@@ -130,36 +130,40 @@ def _patch_blocking() -> None:
 
 
 # -- environment variables --------------------------------------------------------------------
-class _HostEnviron(os._Environ):
-    """``os.environ`` that is empty as seen from env code (``os.getenv`` gives the default).
+def _host_environ(env: os._Environ) -> os._Environ:
+    """``os.environ`` (or ``environb``) that is empty as seen from env code: ``os.getenv`` gives
+    the default. The host process holds API keys; generated code reads ``DATABASE_PATH`` at
+    most, falls back to its default, and the binding ignores the URL anyway."""
+    data = env._data  # shared with the original object: both stay in sync
 
-    The host process holds API keys; generated code reads ``DATABASE_PATH`` at most, and falls
-    back to its default, which the binding ignores anyway.
-    """
-
-    def __getitem__(self, key):
+    def hidden(self):
         if in_env_code():
-            raise KeyError(key)
-        return super().__getitem__(key)
-
-    def __iter__(self):
-        if in_env_code():
-            return iter(())
-        return super().__iter__()
-
-    def __len__(self):
-        if in_env_code():
-            return 0
-        return super().__len__()
-
-    def __getattribute__(self, name):
-        if name in _ENVIRON_INTERNALS and in_env_code():
             raise SandboxViolation("env code may not read the host's environment variables")
-        return object.__getattribute__(self, name)
+        return data
 
+    class HostEnviron(type(env)):
+        _data = property(hidden, lambda self, value: None)  # set once by __init__, to `data`
 
-_ENVIRON_INTERNALS = frozenset({"_data", "encodekey", "decodekey", "encodevalue", "decodevalue",
-                                "__repr__", "copy"})
+        def __getitem__(self, key):
+            if in_env_code():
+                raise KeyError(key)
+            return super().__getitem__(key)
+
+        def __iter__(self):
+            if in_env_code():
+                return iter(())
+            return super().__iter__()
+
+        def __len__(self):
+            if in_env_code():
+                return 0
+            return super().__len__()
+
+        def copy(self):
+            return {} if in_env_code() else super().copy()
+
+    HostEnviron.__name__ = HostEnviron.__qualname__ = "_Environ"
+    return HostEnviron(data, env.encodekey, env.decodekey, env.encodevalue, env.decodevalue)
 
 
 def _startup_environ(data: dict) -> Mapping:
@@ -188,9 +192,8 @@ def _startup_environ(data: dict) -> Mapping:
 def _patch_environ() -> None:
     for name in ("environ", "environb"):
         env = getattr(os, name, None)
-        if env is not None and not isinstance(env, _HostEnviron):
-            setattr(os, name, _HostEnviron(env._data, env.encodekey, env.decodekey,
-                                           env.encodevalue, env.decodevalue))
+        if env is not None and type(env) is os._Environ:
+            setattr(os, name, _host_environ(env))
     if isinstance(getattr(posix, "environ", None), dict):
         posix.environ = _startup_environ(posix.environ)
 
