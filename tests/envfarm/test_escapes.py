@@ -24,7 +24,7 @@ from .conftest import toy_bundle
 from .toy_env import CODE, SAMPLE, SCHEMA
 
 HOSTILE = '''
-import threading, concurrent.futures, contextvars
+import threading, concurrent.futures, contextvars, time
 from sqlalchemy import text
 
 
@@ -244,6 +244,43 @@ async def spawn_spin():
     return {"ok": True}
 
 
+@app.get("/x/introspect", operation_id="introspect")
+async def introspect(what: str):
+    import sys
+    if what == "gc":
+        sys.modules["gc"].get_objects()
+    elif what == "settrace":
+        sys.settrace(lambda *a: None)
+    elif what == "ctypes":
+        sys.modules["ctypes"].CDLL(None)
+    elif what == "import_guard":
+        import envfarm._guard
+    return {"ok": True}
+
+
+@app.post("/x/stuck_then_write", operation_id="stuck_then_write")
+def stuck_then_write():
+    import sqlite3
+    conn = engine.raw_connection().driver_connection
+    lock = threading.Lock()
+    lock.acquire()
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:
+        try:
+            lock.acquire(timeout=0.5)  # a C-level wait: the watchdog cannot cut it short
+        except BaseException:
+            pass  # ... and its CallTimeout is swallowed
+    for _ in range(100):
+        try:
+            conn.execute("INSERT INTO notes (title, owner_id) VALUES ('late', 1)")
+            conn.commit()
+            return {"wrote": True}
+        except sqlite3.DatabaseError:
+            return {"wrote": False}
+        except BaseException:
+            pass
+
+
 @app.get("/x/block", operation_id="block_async")
 async def block_async():
     threading.Event().wait(4)
@@ -360,6 +397,13 @@ def test_a_task_in_an_empty_context_stays_env_code(inst, target):
     assert not target.exists()
 
 
+@pytest.mark.parametrize("what,needle", [("gc", "gc.get_objects"), ("settrace", "sys.settrace"),
+                                         ("ctypes", "ctypes.dlopen"),
+                                         ("import_guard", "may not import 'envfarm._guard'")])
+def test_reaching_around_the_guard_is_refused(inst, what, needle):
+    _refused(inst.call_sync("introspect", {"what": what}), needle)
+
+
 def test_sys_exit_in_a_thread_never_runs(inst):
     _refused(inst.call_sync("thread_exit", {}), "may not start threads")
 
@@ -465,6 +509,16 @@ async def test_a_task_that_swallows_cancellation_cannot_write_later(inst):
     assert res.ok, res.error
     inst.reset()
     await asyncio.sleep(1.2)
+    titles = [n["title"] for n in (await inst.call("list_notes", {})).result]
+    assert titles == ["groceries", "todo"]
+
+
+async def test_code_stuck_past_its_call_cannot_write_afterwards(hostile):
+    inst = hostile.instance()
+    res = await inst.call("stuck_then_write", {})
+    _refused(res, "timed out")
+    inst.reset()
+    await asyncio.sleep(2.5)  # the handler's thread wakes up and tries its write
     titles = [n["title"] for n in (await inst.call("list_notes", {})).result]
     assert titles == ["groceries", "todo"]
 
