@@ -73,9 +73,11 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0,
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from trainer.format import CHAT_TEMPLATE
 
+    hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
