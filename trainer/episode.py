@@ -50,6 +50,9 @@ class EpisodeConfig:
     window: int | None = DEFAULT_WINDOW
     max_turn_chars: int = 16_000   # a longer assistant turn is "too_long"
     max_tool_chars: int = 8_000    # a longer tool result is cut (kept valid JSON)
+    tool_listing: str = "full"     # "compact": list_tools answers names, one-line
+                                   # descriptions and argument lists (short prompts for
+                                   # small models); the schemas stay in the trajectory
     system: str = field(default_factory=system_prompt)
 
 
@@ -204,8 +207,10 @@ class _Episode:
             specs = await self._farm(lease.tools())
             self.tools = [ToolSchema(name=s.name, description=s.description,
                                      input_schema=s.input_schema) for s in specs]
-            content = tool_content(True, [t.model_dump() for t in self.tools],
-                                   max_chars=1 << 30)  # the agent needs the whole list
+            listing = ([compact_tool(t) for t in self.tools]
+                       if self.cfg.tool_listing == "compact" else
+                       [t.model_dump() for t in self.tools])
+            content = tool_content(True, listing, max_chars=1 << 30)  # never cut the list
         else:  # call_tool; check_format has vetted name and arguments
             name = call.arguments["tool_name"]
             raw = call.arguments.get("arguments", "{}")
@@ -237,6 +242,16 @@ class _Episode:
         res = await self._farm(lease.verify(self.task_idx, self.final_answer))
         return Verdict.of(Outcome(res.outcome), res.reason,
                           details={"verifier": res.details, "end": end.value})
+
+
+def compact_tool(tool: ToolSchema) -> dict[str, str]:
+    """A tool in a few dozen characters: name, first line of its description, its arguments."""
+    props = tool.input_schema.get("properties") or {}
+    required = set(tool.input_schema.get("required") or ())
+    args = ", ".join(f"{name}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}"
+                     f"{'' if name in required else '?'}" for name, spec in props.items())
+    line = (tool.description or "").strip().split("\n", 1)[0][:120]
+    return {"name": tool.name, "description": line, "arguments": args}
 
 
 def _verdict_for(reason: EndReason, message: str) -> Verdict:

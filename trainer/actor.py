@@ -1,0 +1,45 @@
+"""The trainer as a Ray actor: the only module of ``trainer/`` that imports Ray.
+
+    actor = TrainerActor.remote(config.model_dump(), farm_url)
+    while not ray.get(actor.done.remote()):
+        record = ray.get(actor.train_step.remote())
+
+The actor owns the policy model and the optimizer (``trainer.train.Trainer``); episodes run on
+the actor's event loop, talking to the farm over HTTP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from trainer.config import TrainConfig
+
+#: Workers import ``trainer`` from the same tree as the driver (not whatever is installed).
+SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+@ray.remote
+class TrainerActor:
+    def __init__(self, config: dict[str, Any], farm_url: str) -> None:
+        from trainer.train import Trainer
+
+        self.trainer = Trainer(TrainConfig.model_validate(config), farm_url)
+
+    def done(self) -> bool:
+        return self.trainer.done
+
+    def next_step(self) -> int:
+        return self.trainer.step
+
+    async def train_step(self) -> dict[str, Any]:
+        return await self.trainer.train_step()
+
+
+def start_actor(config: TrainConfig, farm_url: str, num_cpus: float = 1.0) -> Any:
+    """A TrainerActor on the current Ray cluster, importing this source tree."""
+    return TrainerActor.options(  # type: ignore[attr-defined]
+        num_cpus=num_cpus, runtime_env={"env_vars": {"PYTHONPATH": SOURCE_ROOT}},
+    ).remote(config.model_dump(), farm_url)

@@ -1,0 +1,61 @@
+"""What a training run is: one typed config, read from ``train.yaml``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainConfig(BaseModel):
+    """Every knob of ``envfarm train`` (see trainer/configs/tiny_cpu.yaml)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    # the model
+    model: str | None = Field(default=None, description="HF folder (e.g. a Qwen3-4B download); "
+                              "None: the tiny random-init test model")
+    device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1 ...")
+    seed: int = 0
+    # where and what
+    out_dir: str = Field(default="runs/train", description="metrics, plot, checkpoints")
+    catalog: str | None = Field(default=None, description="catalog folder; None: bundled")
+    envs: list[str] | None = Field(default=None, description="envs to train on; None: all")
+    tasks: list[int] | None = Field(default=None, description="task indices; None: every "
+                                    "task with a verifier")
+    # GRPO
+    steps: int = Field(default=3, ge=1, description="train until this many steps are done")
+    batch_size: int = Field(default=2, ge=1, description="tasks (groups) per step")
+    group_size: int = Field(default=8, ge=2, description="G: rollouts per task")
+    lr: float = Field(default=1e-6, gt=0)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = Field(default=0.001, ge=0)
+    micro_batch: int = Field(default=8, ge=1)
+    max_grad_norm: float = 1.0
+    guide_fraction: float = Field(
+        default=0.0, ge=0, le=1,
+        description="share of each group replaying the task's reference solution instead of "
+                    "sampling the model (off-policy guidance; see the config's notes)")
+    # agent loop
+    window: int | None = Field(default=3, description="history window w; None: whole history")
+    max_turns: int = Field(default=20, ge=1)
+    max_tool_chars: int = Field(default=8000, ge=100, description="cut longer tool results")
+    tool_listing: str = Field(default="full", pattern="^(full|compact)$",
+                              description="compact: short list_tools answers (small models)")
+    max_new_tokens: int = Field(default=512, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
+    # bookkeeping
+    checkpoint_every: int = Field(default=1, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of settings")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)

@@ -1,0 +1,100 @@
+"""Per-step metrics: computed from the step's episodes, appended as JSONL, plotted as PNG."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from judge import Outcome
+from trainer.episode import EpisodeResult
+
+
+def episode_metrics(episodes: Sequence[EpisodeResult], rollout_s: float) -> dict[str, Any]:
+    """Reward, success, invalid and format-error rates, turns, tokens, env calls/s."""
+    n = len(episodes)
+    valid = [e for e in episodes if e.valid]
+    rewards = [e.reward for e in valid if e.reward is not None]
+    model_rewards = [e.reward for e in valid if e.reward is not None and not _guided(e)]
+    tokens = sum(len(t.generation.completion_ids or ()) for e in episodes for t in e.turns)
+    env_calls = sum(e.env_calls for e in episodes)
+    return {
+        "episodes": n,
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "model_reward_mean": statistics.fmean(model_rewards) if model_rewards else None,
+        "success_rate": sum(e.success for e in valid) / len(valid) if valid else None,
+        "invalid_rate": (n - len(valid)) / n if n else 0.0,
+        "format_error_rate": sum(e.outcome == Outcome.format_error.value for e in episodes) / n
+        if n else 0.0,
+        "turns_mean": statistics.fmean(len(e.turns) for e in episodes) if n else 0.0,
+        "tokens": tokens,
+        "guided_episodes": sum(_guided(e) for e in episodes),
+        "ends": dict(Counter(e.end.value for e in episodes)),
+        "env_calls": env_calls,
+        "env_calls_per_s": env_calls / rollout_s if rollout_s > 0 else 0.0,
+        "farm_wait_share": (sum(e.env_seconds for e in episodes) /
+                            sum(e.seconds for e in episodes)) if n and any(
+                                e.seconds for e in episodes) else 0.0,
+        "rollout_s": rollout_s,
+    }
+
+
+def _guided(e: EpisodeResult) -> bool:
+    return bool(e.turns) and e.turns[0].generation.policy == "scripted"
+
+
+def append(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill: the step is redone after resume
+    return out
+
+
+def keep_until(path: Path, last_step: int) -> None:
+    """On resume: forget steps after the checkpoint (they will be run again)."""
+    kept = [r for r in read(path) if r.get("step", -1) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+def plot(records: Sequence[dict[str, Any]], out: Path) -> None:
+    """Reward and success rate over steps, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("reward_mean", "reward (all valid)"),
+                       ("model_reward_mean", "reward (model's own rollouts)"),
+                       ("success_rate", "success rate")):
+        ys = [r.get(key) for r in records]
+        if any(y is not None for y in ys):
+            ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o",
+                    label=label)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("envfarm train")
+    fig.tight_layout()
+    tmp = out.with_name(out.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    tmp.replace(out)

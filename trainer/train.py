@@ -1,0 +1,186 @@
+"""The training loop, without Ray: rollouts against the farm, GRPO update, metrics, checkpoints.
+
+``trainer.actor.TrainerActor`` runs this same ``Trainer`` inside a Ray actor; ``envfarm train
+--no-ray`` runs it in the calling process. Per step: pick ``batch_size`` tasks, lease ``G``
+instances per task in one batched request, run every episode concurrently (bounded), turn each
+assistant turn into a sample carrying its episode's group-relative advantage, update, log,
+checkpoint. A restarted trainer continues at the step after its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from envfarm import load_catalog
+from envfarm.client import EnvfarmError, Farm
+from trainer import checkpoint, metrics
+from trainer.config import TrainConfig
+from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
+from trainer.grpo import GRPOConfig, Sample, group_advantages, grpo_step
+from trainer.hf import HFPolicy, encode_completion, encode_prompt, load_model
+from trainer.policy import FINISH_STOP, Policy, ScriptedPolicy
+
+
+class Trainer:
+    """Owns the policy model, its reference copy and the optimizer."""
+
+    def __init__(self, config: TrainConfig, farm_url: str) -> None:
+        import torch
+
+        self.cfg = config
+        self.farm_url = farm_url
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir = self.out / "checkpoints"
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.plot_path = self.out / "plot.png"
+        torch.manual_seed(config.seed)
+        base = Path(config.model) if config.model else _tiny()
+        resume = checkpoint.latest(self.ckpt_dir)
+        self.model, self.tokenizer = load_model(resume or base, config.device)
+        self.ref = None
+        if config.kl_coef > 0:  # the reference is the starting model, also after a resume
+            self.ref = (load_model(base, config.device)[0] if resume else
+                        copy.deepcopy(self.model))
+            self.ref.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
+                                           weight_decay=0.0)
+        self.step = 0  # the next step to run
+        if resume is not None:
+            checkpoint.restore_optimizer(resume, self.optimizer)
+            self.step = checkpoint.step_of(resume) + 1
+            metrics.keep_until(self.metrics_path, self.step - 1)
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()  # a fresh run: no stale steps in the log
+        self.policy = HFPolicy(self.model, self.tokenizer, max_new_tokens=config.max_new_tokens,
+                               temperature=config.temperature)
+        catalog = load_catalog(config.catalog)
+        self.guide = ScriptedPolicy.from_catalog(catalog)
+        self.tasks = self._task_list(catalog)
+        self.episode_cfg = EpisodeConfig(max_turns=config.max_turns, window=config.window,
+                                         tool_listing=config.tool_listing,
+                                         max_tool_chars=config.max_tool_chars)
+        self.grpo_cfg = GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
+                                   kl_coef=config.kl_coef, micro_batch=config.micro_batch,
+                                   max_grad_norm=config.max_grad_norm)
+
+    def _task_list(self, catalog: Any) -> list[tuple[str, int]]:
+        envs = self.cfg.envs or catalog.servable
+        tasks = []
+        for env in envs:
+            bundle = catalog[env]
+            for idx in sorted(bundle.code_verifiers):
+                if self.cfg.tasks is not None and idx not in self.cfg.tasks:
+                    continue
+                if self.cfg.guide_fraction and idx not in bundle.solutions:
+                    continue  # a guided group needs a reference solution to replay
+                tasks.append((bundle.name, idx))
+        if not tasks:
+            raise ValueError("no task to train on: check envs/tasks (each needs a code-mode "
+                             "verifier, and a reference solution when guide_fraction > 0)")
+        return tasks
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.cfg.steps
+
+    def pick_tasks(self, step: int) -> list[tuple[str, int]]:
+        rng = random.Random(self.cfg.seed * 1_000_003 + step)
+        return [rng.choice(self.tasks) for _ in range(self.cfg.batch_size)]
+
+    async def train_step(self) -> dict[str, Any]:
+        """One GRPO step; returns (and logs) its metrics."""
+        step = self.step
+        started = time.perf_counter()
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+        async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency)) as farm:
+            groups = await asyncio.gather(*(self._group(farm, gate, env, idx)
+                                            for env, idx in self.pick_tasks(step)))
+        rollout_s = time.perf_counter() - started
+        samples, used = self._samples(groups)
+        t = time.perf_counter()
+        stats = await asyncio.to_thread(grpo_step, self.model, self.ref, self.optimizer,
+                                        samples, self.tokenizer.pad_token_id, self.grpo_cfg)
+        update_s = time.perf_counter() - t
+        episodes = [e for g in groups for e in g]
+        record = {"step": step, **metrics.episode_metrics(episodes, rollout_s),
+                  "groups": len(groups), "groups_used": used,
+                  "groups_lost": sum(1 for g in groups if not g),
+                  "update_s": update_s, "step_s": time.perf_counter() - started,
+                  **{f"update_{k}": v for k, v in stats.items()}}
+        metrics.append(self.metrics_path, record)
+        metrics.plot(metrics.read(self.metrics_path), self.plot_path)
+        if (step + 1) % self.cfg.checkpoint_every == 0 or step + 1 >= self.cfg.steps:
+            checkpoint.save(self.ckpt_dir, step, self.model, self.tokenizer, self.optimizer,
+                            extra={"metrics": record}, keep=self.cfg.keep_checkpoints)
+        self.step = step + 1
+        return record
+
+    async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int
+                     ) -> list[EpisodeResult]:
+        """G rollouts of one task on G instances leased in one request."""
+        g = self.cfg.group_size
+        try:
+            leases = await farm.acquire_many(env, g, task_idx=task_idx)
+        except EnvfarmError:
+            return []  # the farm could not give us the group: the step goes on without it
+        guides = round(g * self.cfg.guide_fraction)
+        policies: list[Policy] = [self.guide] * guides + [self.policy] * (g - guides)
+
+        async def one(policy: Policy, lease: Any) -> EpisodeResult:
+            async with gate:
+                return await run_episode(farm, policy, env, task_idx, lease=lease,
+                                         config=self.episode_cfg)
+
+        return list(await asyncio.gather(*(one(p, lease) for p, lease in zip(policies, leases))))
+
+    def _samples(self, groups: list[list[EpisodeResult]]) -> tuple[list[Sample], int]:
+        out: list[Sample] = []
+        used = 0
+        for group in groups:
+            advs = group_advantages([e.reward if e.valid else None for e in group])
+            if any(a is not None for a in advs):
+                used += 1
+            for episode, adv in zip(group, advs):
+                if adv is None:
+                    continue
+                for rec in episode.turns:
+                    gen = rec.generation
+                    if gen.completion_ids is not None and gen.prompt_ids is not None:
+                        out.append(Sample(gen.prompt_ids, gen.completion_ids, adv, gen.logprobs))
+                    else:  # text from another policy (a guide): tokenized the same way
+                        out.append(Sample(
+                            encode_prompt(self.tokenizer, rec.prompt),
+                            encode_completion(self.tokenizer, gen.text,
+                                              gen.finish_reason == FINISH_STOP), adv))
+        return out, used
+
+
+def _tiny() -> Path:
+    from trainer.tiny_model import tiny_model_path
+
+    return tiny_model_path()
+
+
+async def train(config: TrainConfig, farm_url: str, log: Any = print) -> list[dict[str, Any]]:
+    """Run steps until ``config.steps`` are done (resuming where a checkpoint says)."""
+    trainer = Trainer(config, farm_url)
+    records = []
+    while not trainer.done:
+        record = await trainer.train_step()
+        records.append(record)
+        log(json.dumps(_headline(record)))
+    return records
+
+
+def _headline(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("step", "episodes", "reward_mean", "model_reward_mean", "success_rate",
+            "invalid_rate", "format_error_rate", "update_samples", "rollout_s", "update_s")
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()
+            if k in keys}
