@@ -7,6 +7,7 @@ import typer
 from envfarm import cli_envs, cli_farm
 from judge.cli import judge_command
 from synth.cli import app as synth_app
+from trainer.cli import register as register_trainer
 
 app = typer.Typer(help="envfarm: synthesize, serve and verify tool-use environments for RL.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -14,6 +15,7 @@ app.add_typer(cli_envs.app, name="envs")
 cli_farm.register(app)
 app.add_typer(synth_app, name="synth")
 app.command("judge")(judge_command)
+register_trainer(app)
 
 
 if __name__ == "__main__":
