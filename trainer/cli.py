@@ -140,9 +140,13 @@ def rollout(
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
                 task = bar.add_task("episodes", total=len(jobs))
-                return await run_rollouts(client, policy, jobs, concurrency=concurrency,
-                                          config=config, out=out,
-                                          on_done=lambda _: bar.advance(task))
+                try:
+                    return await run_rollouts(client, policy, jobs, concurrency=concurrency,
+                                              config=config, out=out,
+                                              on_done=lambda _: bar.advance(task))
+                finally:
+                    if isinstance(policy, OpenAIPolicy):
+                        await policy.aclose()
 
     with farm_url(farm, str(catalog) if catalog else None, [cat[n].name for n in names],
                   warm=min(64, concurrency)) as url:

@@ -79,6 +79,10 @@ class ScriptedPolicy:
         return task_idx is not None and (env, task_idx) in self.solutions
 
     async def generate(self, messages: Sequence[Message], ctx: TurnContext) -> Generation:
+        return Generation(text=self.turn_text(ctx), policy=self.name)
+
+    def turn_text(self, ctx: TurnContext) -> str:
+        """The reference turn ``ctx.turn`` of the task (what a perfect agent writes)."""
         if not self.has(ctx.env, ctx.task_idx):
             raise PolicyError(f"no reference solution for {ctx.env} task {ctx.task_idx}")
         calls = self.solutions[(ctx.env, ctx.task_idx)]
@@ -90,7 +94,7 @@ class ScriptedPolicy:
                                   f"Step {ctx.turn} of the plan: call {call.tool}.")
         else:
             text = final_text("The task is done.", "Every step succeeded; I can answer.")
-        return Generation(text=text, policy=self.name)
+        return text
 
 
 class OpenAIPolicy:
