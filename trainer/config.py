@@ -19,6 +19,8 @@ class TrainConfig(BaseModel):
                               "None: the tiny random-init test model")
     device: str = Field(default="cpu", description="torch device: cpu, cuda, cuda:1 ...")
     seed: int = 0
+    threads: int | None = Field(default=None, ge=1, description="torch CPU threads; 1 is "
+                                "fastest on a busy machine (no spinning threads)")
     # where and what
     out_dir: str = Field(default="runs/train", description="metrics, plot, checkpoints")
     catalog: str | None = Field(default=None, description="catalog folder; None: bundled")

@@ -41,6 +41,8 @@ class Trainer:
         self.metrics_path = self.out / "metrics.jsonl"
         self.plot_path = self.out / "plot.png"
         torch.manual_seed(config.seed)
+        if config.threads:
+            torch.set_num_threads(config.threads)
         base = Path(config.model) if config.model else _tiny()
         resume = checkpoint.latest(self.ckpt_dir)
         self.model, self.tokenizer = load_model(resume or base, config.device)
