@@ -1,5 +1,10 @@
 """The trainer: agent loop, rollouts against the farm, history-windowed GRPO (see DESIGN.md).
 
-Not built yet: no issue has asked for it so far. The judge already defines the trajectory
-model (``judge.Trajectory``) and the rewards (``judge.reward_for``) the trainer will use.
+    from trainer.episode import run_episode          # one episode against the farm
+    from trainer.policy import OpenAIPolicy, ScriptedPolicy
+    from trainer.hf import HFPolicy                  # local transformers model
+    from trainer.grpo import group_advantages, grpo_step
+    from trainer.window import window, samples       # same truncation at rollout and training
+
+Only ``trainer.actor`` imports Ray. Heavy dependencies (torch, transformers) load on use.
 """

@@ -10,6 +10,8 @@ the actor's event loop, talking to the farm over HTTP.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +45,21 @@ def start_actor(config: TrainConfig, farm_url: str, num_cpus: float = 1.0) -> An
     return TrainerActor.options(  # type: ignore[attr-defined]
         num_cpus=num_cpus, runtime_env={"env_vars": {"PYTHONPATH": SOURCE_ROOT}},
     ).remote(config.model_dump(), farm_url)
+
+
+def train_on_ray(config: TrainConfig, farm_url: str, log: Callable[[str], Any] = print) -> None:
+    """Drive a TrainerActor until the run's steps are done (on a local Ray when none runs)."""
+    from trainer.train import _headline
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        actor = start_actor(config, farm_url)
+        while not ray.get(actor.done.remote()):
+            record = ray.get(actor.train_step.remote())
+            log(json.dumps(_headline(record)))
+    finally:
+        if started:
+            ray.shutdown()

@@ -62,30 +62,12 @@ def train(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
 
             asyncio.run(run(cfg, url, log=console.print))
         else:
-            _train_on_ray(cfg, url)
+            from trainer.actor import train_on_ray
+
+            train_on_ray(cfg, url, log=console.print)
     console.print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}  plot: "
                   f"{Path(cfg.out_dir) / 'plot.png'}  checkpoints: "
                   f"{Path(cfg.out_dir) / 'checkpoints'}")
-
-
-def _train_on_ray(cfg, url: str) -> None:
-    import ray
-
-    from trainer.actor import start_actor
-    from trainer.train import _headline
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    try:
-        actor = start_actor(cfg, url)
-        while not ray.get(actor.done.remote()):
-            record = ray.get(actor.train_step.remote())
-            console.print(json.dumps(_headline(record)))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def rollout(
