@@ -34,7 +34,8 @@ def farm_url(url: str | None, catalog: str | None, envs: list[str] | None,
     if url:
         yield url
         return
-    from envfarm.farm import FarmConfig, LocalFarm, PoolConfig
+    from envfarm.compose import LocalFarm
+    from envfarm.farm import FarmConfig, PoolConfig
 
     config = FarmConfig(catalog=catalog, envs=envs, pool=PoolConfig(warm=warm))
     with LocalFarm(config) as farm:

@@ -9,6 +9,7 @@ import pytest
 
 from envfarm import EnvRuntime
 from envfarm.client import ASGITransport, Farm
+from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 
@@ -20,8 +21,9 @@ def runtimes(bundled_catalog) -> dict[str, EnvRuntime]:
 
 @pytest.fixture
 def farm_core(bundled_catalog, runtimes) -> FarmCore:
-    return FarmCore(FarmConfig(pool=PoolConfig(warm=2, max_instances=64), verifier_workers=2),
-                    catalog=bundled_catalog, runtimes=runtimes)
+    return compose_core(FarmConfig(pool=PoolConfig(warm=2, max_instances=64),
+                                   verifier_workers=2),
+                        catalog=bundled_catalog, runtimes=runtimes)
 
 
 @pytest.fixture
