@@ -78,6 +78,7 @@ def plot(records: Sequence[dict[str, Any]], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = [r["step"] for r in records]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -89,6 +90,7 @@ def plot(records: Sequence[dict[str, Any]], out: Path) -> None:
             ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o",
                     label=label)
     ax.set_xlabel("GRPO step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-1.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
