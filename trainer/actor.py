@@ -49,7 +49,7 @@ def start_actor(config: TrainConfig, farm_url: str, num_cpus: float = 1.0) -> An
 
 def train_on_ray(config: TrainConfig, farm_url: str, log: Callable[[str], Any] = print) -> None:
     """Drive a TrainerActor until the run's steps are done (on a local Ray when none runs)."""
-    from trainer.train import _headline
+    from trainer.train import headline
 
     started = not ray.is_initialized()
     if started:
@@ -59,7 +59,7 @@ def train_on_ray(config: TrainConfig, farm_url: str, log: Callable[[str], Any] =
         actor = start_actor(config, farm_url)
         while not ray.get(actor.done.remote()):
             record = ray.get(actor.train_step.remote())
-            log(json.dumps(_headline(record)))
+            log(json.dumps(headline(record)))
     finally:
         if started:
             ray.shutdown()

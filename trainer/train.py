@@ -177,11 +177,11 @@ async def train(config: TrainConfig, farm_url: str, log: Any = print) -> list[di
     while not trainer.done:
         record = await trainer.train_step()
         records.append(record)
-        log(json.dumps(_headline(record)))
+        log(json.dumps(headline(record)))
     return records
 
 
-def _headline(record: dict[str, Any]) -> dict[str, Any]:
+def headline(record: dict[str, Any]) -> dict[str, Any]:
     keys = ("step", "episodes", "reward_mean", "model_reward_mean", "success_rate",
             "invalid_rate", "format_error_rate", "update_samples", "rollout_s", "update_s")
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()
