@@ -8,17 +8,14 @@ from dataclasses import dataclass
 from ray import serve
 from ray.serve import Deployment
 from ray.serve.api import RunTarget
-from ray.serve.config import RequestRouterConfig
 
 from envfarm.catalog import Catalog, load_catalog
 from envfarm.farm import FarmConfig
-from envfarm.serve._deployments import Front, PoolReplica
+from envfarm.serve._deployments import Front
+from envfarm.serve._ingress import pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions
 
 FRONT_APP = "envfarm"
-_ROUTER = RequestRouterConfig(request_router_class="envfarm.serve._router:LeaseRouter",
-                              request_routing_stats_period_s=1.0,
-                              request_routing_stats_timeout_s=1.0)
 
 
 @dataclass
@@ -49,12 +46,6 @@ def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = No
             for k, p in enumerate(packs)]
 
 
-def pool_deployment(options: DeploymentOptions) -> Deployment:
-    """The pool deployment of one application (one env, or a pack of envs)."""
-    return serve.deployment(PoolReplica, name="pool", request_router_config=_ROUTER,
-                            **options.serve_kwargs())
-
-
 def front_deployment(replicas: int | None = None) -> Deployment:
     """The front deployment (catalog, health, metrics, batch, packed envs)."""
     extra = {} if replicas is None else {"num_replicas": replicas}
@@ -73,7 +64,7 @@ def applications(config: FarmConfig, options: ServeOptions, plans: list[AppPlan]
     """Serve RunTargets for the plan, front app last (it needs the others' names)."""
     targets = []
     for p in plans:
-        app = pool_deployment(p.options).bind(config.with_envs(p.envs).model_dump())
+        app = pool_application(config.with_envs(p.envs).model_dump(), p.options, options.proxy)
         targets.append(RunTarget(target=app, name=p.name, route_prefix=p.route_prefix))
     routes, replicas = routes_of(plans)
     front = front_deployment(options.front_replicas)

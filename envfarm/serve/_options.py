@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -36,7 +36,11 @@ class ServeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(default="127.0.0.1", description="Where Serve's HTTP proxy binds.")
+    host: str = Field(default="127.0.0.1", description="Where Serve's HTTP ingress listens.")
+    proxy: Literal["haproxy", "python"] = Field(
+        default="haproxy",
+        description="Serve's HTTP ingress: HAProxy straight to replicas (fast; its replica "
+                    "ports bind all interfaces), or the Python proxy (one extra hop).")
     port: int = Field(default=8000, ge=0, le=65535)
     pack: int = Field(default=1, ge=1, le=1000,
                       description="Env types per deployment; >1 packs several envs into one "

@@ -1,8 +1,9 @@
-"""Start and stop the farm on an embedded local Ray (no cluster needed)."""
+"""Start and stop the farm on an embedded local Ray (no cluster needed) or a running cluster."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from ray import serve
 
 from envfarm.farm import FarmConfig
 from envfarm.serve._build import AppPlan, applications, plan
+from envfarm.serve._ingress import ENV_HAPROXY, IngressMismatch, Proxy, current_proxy, use_ingress
 from envfarm.serve._options import ServeOptions
 
 
@@ -23,6 +25,7 @@ class RunningFarm:
     started_ray: bool
     startup_s: float
     envs: list[str] = field(default_factory=list)
+    proxy: Proxy = "haproxy"
 
     def instances_ready(self, warm: int) -> int:
         return sum(len(p.envs) * warm * p.options.num_replicas for p in self.plans)
@@ -43,13 +46,31 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
         if address is not None:
             ray.init(address=address, log_to_driver=False)
         else:
+            use_ingress(options.proxy)  # the embedded Ray's processes inherit it
             ray.init(num_cpus=options.num_cpus, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         started_ray = True
+    _check_cluster_ingress(options.proxy)
     serve.start(http_options={"host": options.host, "port": options.port},
                 logging_config={"log_level": "WARNING"})
     plans = plan(config, options)
     serve.run_many(applications(config, options, plans), wait_for_applications_running=True)
     return RunningFarm(url=f"http://{options.host}:{options.port}", plans=plans,
                        started_ray=started_ray, startup_s=time.perf_counter() - started,
-                       envs=[e for p in plans for e in p.envs])
+                       envs=[e for p in plans for e in p.envs], proxy=options.proxy)
+
+
+@ray.remote(num_cpus=0)
+def _cluster_haproxy_setting() -> str:
+    return os.environ.get(ENV_HAPROXY, "0")
+
+
+def _check_cluster_ingress(proxy: Proxy) -> None:
+    """Serve's ingress mode comes from the cluster's environment: refuse to lay the farm out for
+    the other one (the layouts differ; see envfarm.serve._ingress)."""
+    running = current_proxy({ENV_HAPROXY: ray.get(_cluster_haproxy_setting.remote())})
+    if running != proxy:
+        raise IngressMismatch(
+            f"the Ray cluster runs Serve's {running} ingress but the farm asked for {proxy}: "
+            f"start the cluster with {ENV_HAPROXY}={'1' if proxy == 'haproxy' else '0'} "
+            f"(see cluster/ and k8s/), or pass --proxy {running}")

@@ -13,7 +13,8 @@ from ray.serve import Application
 
 from envfarm.catalog import load_catalog
 from envfarm.farm import FarmConfig
-from envfarm.serve._build import FRONT_APP, front_deployment, plan, pool_deployment, routes_of
+from envfarm.serve._build import FRONT_APP, front_deployment, plan, routes_of
+from envfarm.serve._ingress import current_proxy, pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions
 
 
@@ -38,7 +39,8 @@ class FrontAppArgs(BaseModel):
 
 def pool_app(args: dict[str, Any]) -> Application:
     a = PoolAppArgs.model_validate(args)
-    return pool_deployment(a.deployment).bind(a.farm.model_dump())
+    # Built in the cluster: its environment says which ingress Serve runs (k8s/, cluster/).
+    return pool_application(a.farm.model_dump(), a.deployment, current_proxy())
 
 
 def front_app(args: dict[str, Any]) -> Application:

@@ -1,0 +1,88 @@
+"""Which HTTP ingress the farm runs on: Serve's HAProxy ingress (default) or its Python proxy.
+
+With HAProxy ingress ("direct ingress") HAProxy sends each request straight to a replica of the
+app's ingress deployment, picked by its own load balancing; Serve refuses a custom request router
+on that deployment (it would be bypassed). So under HAProxy a pool app is laid out by size:
+
+- one replica: the pool is the app's ingress, no router. That replica owns every live lease of
+  its envs; a lease it does not own is gone (its owner died), and the core answers 410.
+- several replicas (or autoscaling): a stateless ``Door`` is the app's ingress and forwards each
+  request by handle to the pool, where ``LeaseRouter`` (allowed off the ingress) picks the owner.
+
+With the Python proxy the pool is the ingress and keeps ``LeaseRouter`` (the proxy routes by
+handle). The mode is a property of the Ray cluster: Serve reads these variables when its
+processes import it, so they are set before Ray starts (``use_ingress``), or in the cluster's
+environment (cluster/, k8s/).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from envfarm.errors import EnvfarmError, ErrorKind
+from envfarm.farm import FarmConfig
+from envfarm.serve._options import DeploymentOptions
+
+Proxy = Literal["haproxy", "python"]
+
+ENV_HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
+ENV_THROUGHPUT = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+
+LEASE_ROUTER = RequestRouterConfig(request_router_class="envfarm.serve._router:LeaseRouter",
+                                   request_routing_stats_period_s=1.0,
+                                   request_routing_stats_timeout_s=1.0)
+
+
+class IngressMismatch(EnvfarmError):
+    """The Ray cluster runs another ingress than the one asked for."""
+
+    kind = ErrorKind.invalid_request
+    status_code = 400
+
+
+def ingress_env(proxy: Proxy) -> dict[str, str]:
+    """The Serve environment variables of an ingress mode."""
+    on = "1" if proxy == "haproxy" else "0"
+    return {ENV_HAPROXY: on, ENV_THROUGHPUT: on}
+
+
+def use_ingress(proxy: Proxy) -> None:
+    """Set the mode for Ray processes started from here on (call before ``ray.init``)."""
+    os.environ.update(ingress_env(proxy))
+
+
+def current_proxy(env: dict[str, str] | os._Environ[str] | None = None) -> Proxy:
+    """The mode this process's environment asks Serve for (how Serve itself reads it)."""
+    env = os.environ if env is None else env
+    return "haproxy" if env.get(ENV_HAPROXY, "0") == "1" else "python"
+
+
+def behind_door(options: DeploymentOptions, proxy: Proxy) -> bool:
+    """Whether a pool needs a Door in front: HAProxy mode and more than one replica possible."""
+    if proxy != "haproxy":
+        return False
+    return options.autoscaling_config is not None or options.num_replicas > 1
+
+
+def pool_application(farm: dict[str, Any], options: DeploymentOptions, proxy: Proxy
+                     ) -> Application:
+    """A pool app (deployment ``pool``) laid out for the ingress mode; see the module doc."""
+    from envfarm.serve._deployments import PoolReplica
+    from envfarm.serve._door import Door
+
+    if proxy == "python":
+        return serve.deployment(PoolReplica, name="pool", request_router_config=LEASE_ROUTER,
+                                **options.serve_kwargs()).bind(farm)
+    if not behind_door(options, proxy):
+        return serve.deployment(PoolReplica, name="pool", **options.serve_kwargs()).bind(farm)
+    pool = serve.deployment(PoolReplica, name="pool", request_router_config=LEASE_ROUTER,
+                            **options.serve_kwargs()).bind(farm)
+    door = serve.deployment(Door, name="door", num_replicas=1,
+                            max_ongoing_requests=options.max_ongoing_requests * 2,
+                            ray_actor_options={"num_cpus": 0})
+    return door.bind(pool, FarmConfig.model_validate(farm).max_body_bytes)
