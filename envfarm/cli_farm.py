@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 import threading
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +31,16 @@ EnvsOpt = Annotated[str | None, typer.Option(
     "--envs", help="Comma-separated env names to serve; default: every servable env.")]
 HostOpt = Annotated[str, typer.Option("--host", help="Bind address (loopback by default).")]
 PortOpt = Annotated[int, typer.Option("--port", help="HTTP port.")]
+
+
+class Ingress(str, Enum):
+    haproxy = "haproxy"
+    python = "python"
+
+
+ProxyOpt = Annotated[Ingress, typer.Option(
+    "--proxy", help="Serve's HTTP ingress: haproxy (straight to replicas; its replica ports bind all "
+         "interfaces) or python (Serve's Python proxy, one more hop).")]
 
 
 def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
@@ -76,6 +87,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           write_config: Annotated[Path | None, typer.Option(
               "--write-config", help="Write the farm as a Serve config (for `serve deploy` or "
                                      "a RayService) to this file and exit.")] = None,
+          proxy: ProxyOpt = Ingress.haproxy,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
@@ -87,7 +99,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
         elif no_ray:
             _serve_local(config, host, port)
         else:
-            _serve_ray(config, pack, replicas, num_cpus, host, port, address)
+            _serve_ray(config, pack, replicas, num_cpus, host, port, address, proxy.value)
     except EnvfarmError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(2) from exc
@@ -117,16 +129,16 @@ def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port:
 
 
 def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
-               port: int, address: str | None = None) -> None:
+               port: int, address: str | None = None, proxy: str = "haproxy") -> None:
     from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
-    options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus,
+    options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
                            deployment=DeploymentOptions(num_replicas=replicas))
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
     farm = start_farm(config, options, address=address)
-    console.print(f"envfarm listening on {farm.url} — {len(farm.envs)} envs in "
-                  f"{len(farm.plans)} deployments, {farm.instances_ready(config.pool.warm)} "
+    console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
+                  f"envs in {len(farm.plans)} deployments, {farm.instances_ready(config.pool.warm)} "
                   f"instances ready (started in {farm.startup_s:.1f} s); Ctrl-C to stop")
     # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
     # driver could leave Ray's client half-way through a call.
@@ -160,7 +172,7 @@ def demo(catalog: CatalogOpt = None,
          env: Annotated[str | None, typer.Option("--env", help="Env of the episode.")] = None,
          task: Annotated[int | None, typer.Option("--task", help="Task index.")] = None,
          no_ray: Annotated[bool, typer.Option("--no-ray", help="Skip Ray: one process.")] = False,
-         port: PortOpt = 8000) -> None:
+         proxy: ProxyOpt = Ingress.haproxy, port: PortOpt = 8000) -> None:
     """Start the farm, run one reference episode (lease, tools, solution, verify, release), stop."""
     config = _config(catalog, None, warm=2)
     name, idx, solution = _pick_task(config, env, task)
@@ -172,11 +184,11 @@ def demo(catalog: CatalogOpt = None,
         from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
         console.print("starting the farm on an embedded local Ray ...")
-        running = start_farm(config, ServeOptions(port=port, num_cpus=2,
+        running = start_farm(config, ServeOptions(port=port, num_cpus=2, proxy=proxy.value,
                                                   deployment=DeploymentOptions(num_replicas=1)))
         url, stop = running.url, running.shutdown
-        console.print(f"farm up on {url} with {len(running.envs)} envs "
-                      f"({running.startup_s:.1f} s)")
+        console.print(f"farm up on {url} ({running.proxy} ingress) with "
+                      f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
         report = asyncio.run(_demo_episode(url, name, idx, solution))
     finally:
