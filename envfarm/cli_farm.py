@@ -39,8 +39,8 @@ class Ingress(str, Enum):
 
 
 ProxyOpt = Annotated[Ingress, typer.Option(
-    "--proxy", help="Serve's HTTP ingress: haproxy (straight to replicas; its replica ports bind all "
-         "interfaces) or python (Serve's Python proxy, one more hop).")]
+    "--proxy", help="Serve's HTTP ingress: haproxy (straight to replicas; its replica ports "
+                    "bind all interfaces) or python (Serve's Python proxy, one more hop).")]
 
 
 def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
@@ -137,9 +137,10 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
     farm = start_farm(config, options, address=address)
+    ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
-                  f"envs in {len(farm.plans)} deployments, {farm.instances_ready(config.pool.warm)} "
-                  f"instances ready (started in {farm.startup_s:.1f} s); Ctrl-C to stop")
+                  f"envs in {len(farm.plans)} deployments, {ready} instances ready "
+                  f"(started in {farm.startup_s:.1f} s); Ctrl-C to stop")
     # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
     # driver could leave Ray's client half-way through a call.
     stop = threading.Event()
