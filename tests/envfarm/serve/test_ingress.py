@@ -1,0 +1,200 @@
+"""Serve's HAProxy ingress (the default) and the Python proxy behind a flag: how pool apps are
+laid out for each, that owner routing stays exact on both HAProxy layouts (one replica as its
+own ingress; several behind a Door), and that a request forced onto a replica that does not own
+its lease is never served from a fresh state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from envfarm.farm import FarmConfig
+from envfarm.serve import DeploymentOptions
+from envfarm.serve._ingress import (
+    ENV_HAPROXY,
+    IngressMismatch,
+    behind_door,
+    current_proxy,
+    ingress_env,
+    pool_application,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+FAST = "hotel_booking_1"  # one replica: its own ingress under HAProxy
+DOORED = "personal_banking_1"  # two replicas: behind a Door under HAProxy
+
+
+def _ingress(app):
+    dep = app._bound_deployment
+    return dep.name, dep._deployment_config.request_router_config.is_default_request_router()
+
+
+def test_pool_layout_per_ingress_mode():
+    farm = FarmConfig(envs=[FAST]).model_dump()
+    one, three = DeploymentOptions(), DeploymentOptions(num_replicas=3)
+    auto = DeploymentOptions(autoscaling_config={"min_replicas": 1, "max_replicas": 4})
+    # Python proxy: the pool is the ingress and routes by owner.
+    assert _ingress(pool_application(farm, three, "python")) == ("pool", False)
+    # HAProxy, one replica: the pool is the ingress with Serve's default router (HAProxy
+    # bypasses any other), fine since that replica owns every live lease.
+    assert _ingress(pool_application(farm, one, "haproxy")) == ("pool", True)
+    # HAProxy, several replicas: a Door is the ingress; the pool behind keeps LeaseRouter.
+    for opts in (three, auto):
+        app = pool_application(farm, opts, "haproxy")
+        assert _ingress(app) == ("door", True)
+        (pool,) = [a for a in app._bound_deployment.init_args if hasattr(a, "_bound_deployment")]
+        assert _ingress(pool) == ("pool", False)
+    assert [behind_door(o, "haproxy") for o in (one, three, auto)] == [False, True, True]
+    assert not behind_door(three, "python")
+
+
+def test_mode_env_round_trips():
+    assert current_proxy(ingress_env("haproxy")) == "haproxy"
+    assert current_proxy(ingress_env("python")) == "python"
+    assert current_proxy({}) == "python"  # Serve's own default
+
+
+def test_manifest_and_cluster_scripts_run_haproxy_ingress():
+    manifest = yaml.safe_load((REPO / "k8s" / "rayservice.yaml").read_text())
+    cluster = manifest["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e["value"] for e in container.get("env", [])}
+            assert env.items() >= ingress_env("haproxy").items(), container["name"]
+    for script in ("start_head.sh", "start_worker.sh"):
+        text = (REPO / "cluster" / script).read_text()
+        assert "RAY_SERVE_ENABLE_HA_PROXY" in text and "RAY_SERVE_THROUGHPUT_OPTIMIZED" in text
+    launcher = yaml.safe_load((REPO / "cluster" / "ray-cluster.yaml").read_text())
+    for cmd in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in launcher[cmd] if "ray start" in c]
+        assert starts and all("RAY_SERVE_ENABLE_HA_PROXY=1" in c for c in starts)
+
+
+# -- on a running farm (HAProxy ingress) ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def haproxy_farm(bundled_catalog):
+    from envfarm.farm import PoolConfig, free_port
+    from envfarm.serve import ServeOptions
+    from tests.envfarm.serve.conftest import _start
+
+    farm = _start(FarmConfig(envs=[FAST, DOORED], pool=PoolConfig(warm=2)),
+                  ServeOptions(port=free_port(), num_cpus=2,
+                               per_env={DOORED: DeploymentOptions(num_replicas=2)}))
+    try:
+        yield farm
+    finally:
+        farm.shutdown()
+
+
+def _auth(info: dict) -> dict[str, str]:
+    return {"Authorization": f"Bearer {info['token']}"}
+
+
+def _foreign(lease_id: str) -> str:
+    """The same random part under another owner tag (a replica that never existed)."""
+    owner, _, rand = lease_id.rpartition("-")
+    return f"{'x' if owner[0] != 'x' else 'y'}{owner[1:]}-{rand}"
+
+
+@pytest.mark.ray
+async def test_farm_runs_haproxy_ingress_and_refuses_the_other_mode(haproxy_farm):
+    import ray
+
+    from envfarm.serve._run import _check_cluster_ingress, _cluster_haproxy_setting
+
+    assert haproxy_farm.proxy == "haproxy"
+    assert ray.get(_cluster_haproxy_setting.remote()) == "1"
+    with pytest.raises(IngressMismatch, match=ENV_HAPROXY):
+        _check_cluster_ingress("python")
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("env", [FAST, DOORED])
+async def test_lease_calls_and_mcp_reach_the_owner_on_both_layouts(haproxy_farm, env):
+    from fastmcp import Client
+    from fastmcp.client.transports import StreamableHttpTransport
+
+    async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60) as c:
+        infos = [(await c.post(f"/envs/{env}/leases", json={})).json() for _ in range(8)]
+        assert all("lease_id" in i for i in infos), infos
+        for info in infos:  # 2 calls each: the second must see the first one's write
+            path = f"/envs/{env}/leases/{info['lease_id']}"
+            tools = (await c.get(path + "/tools", headers=_auth(info))).json()
+            assert tools and all("name" in t for t in tools)
+            r = await c.post(path + "/reset", headers=_auth(info))
+            assert r.status_code == 200, r.text
+        info = infos[0]
+        transport = StreamableHttpTransport(f"{haproxy_farm.url}/envs/{env}/leases/"
+                                            f"{info['lease_id']}/mcp", headers=_auth(info))
+        async with Client(transport) as mcp:
+            assert await mcp.list_tools()
+        owners = {i["lease_id"].split("-")[0] for i in infos}
+        assert len(owners) == (1 if env == FAST else 2), owners
+        for info in infos:
+            r = await c.delete(f"/envs/{env}/leases/{info['lease_id']}", headers=_auth(info))
+            assert r.json()["status"] == "closed"
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("env", [FAST, DOORED])
+async def test_bad_leases_get_typed_4xx(haproxy_farm, env):
+    async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60) as c:
+        info = (await c.post(f"/envs/{env}/leases", json={})).json()
+        base = f"/envs/{env}/leases"
+        call = {"tool": "get_my_profile"}
+        owner = info["lease_id"].split("-")[0]
+        cases = {
+            f"{base}/{_foreign(info['lease_id'])}/call": 410,  # owner never existed / gone
+            f"{base}/{owner}-00ff/call": 404,  # the owner's, but no such lease
+            f"{base}/{_foreign(info['lease_id'])}/mcp": 410,
+        }
+        for path, status in cases.items():
+            r = await c.post(path, headers=_auth(info), json=call)
+            assert r.status_code == status, (path, r.text)
+            assert r.json()["error"]["kind"] in {"gone", "not_found"}
+        r = await c.post(f"{base}/{info['lease_id']}/call", json=call,
+                         headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 403
+        r = await c.post(f"{base}/{info['lease_id']}/call", json=call)
+        assert r.status_code == 401
+        await c.delete(f"{base}/{info['lease_id']}", headers=_auth(info))
+
+
+@pytest.mark.ray
+async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_farm):
+    """Send a lease's calls to the replica that does not own it (by index, bypassing owner
+    routing): it answers 410 and touches nothing; the owner still has the lease's state."""
+    from ray import serve
+
+    from envfarm.serve._asgi_call import ForwardedRequest
+    from envfarm.serve._handles import fresh_call
+
+    pool = serve.get_deployment_handle("pool", app_name=f"env-{DOORED}")
+    who = [await fresh_call(pool.whoami, owner=f"#{i}") for i in range(2)]
+    index = {w["owner"]: i for i, w in enumerate(who)}
+    assert len(index) == 2
+    async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60) as c:
+        info = (await c.post(f"/envs/{DOORED}/leases", json={})).json()
+        path = f"/envs/{DOORED}/leases/{info['lease_id']}"
+        before = await c.post(path + "/call", headers=_auth(info), json={
+            "tool": "get_my_profile"})
+        assert before.status_code == 200 and before.json()["ok"], before.text
+        other = 1 - index[info["lease_id"].split("-")[0]]
+        headers = [(b"authorization", f"Bearer {info['token']}".encode()),
+                   (b"content-type", b"application/json")]
+        for method, suffix, body in [("POST", "/call", b'{"tool": "get_my_profile"}'),
+                                     ("POST", "/reset", b""), ("GET", "/tools", b""),
+                                     ("DELETE", "", b"")]:
+            res = await fresh_call(pool.forward, ForwardedRequest(
+                method=method, path=path + suffix, headers=headers, body=body),
+                owner=f"#{other}")
+            assert res.status == 410, (method, suffix, res.body)
+        after = await c.post(path + "/call", headers=_auth(info), json={"tool": "get_my_profile"})
+        assert after.status_code == 200 and after.json()["result"] == before.json()["result"]
+        r = await c.delete(path, headers=_auth(info))
+        assert r.json()["status"] == "closed"
