@@ -171,7 +171,7 @@ async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_f
     routing): it answers 410 and touches nothing; the owner still has the lease's state."""
     from ray import serve
 
-    from envfarm.serve._asgi_call import ForwardedRequest
+    from envfarm.serve._deployments import ForwardedRequest
     from envfarm.serve._handles import fresh_call
 
     pool = serve.get_deployment_handle("pool", app_name=f"env-{DOORED}")
