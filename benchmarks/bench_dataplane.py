@@ -135,9 +135,11 @@ def _lua(requests: list[tuple[str, str, dict[str, str], str]]) -> str:
             "  return wrk.format(r[1], r[2], r[3], r[4])\nend\n")
 
 
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+def _ms(text: str) -> float | None:
+    if not re.fullmatch(r"[\d.]+(us|ms|s|m)", text):
+        return None
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
 def wrk(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: int,
@@ -153,9 +155,12 @@ def wrk(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: i
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    if p50 is None or p99 is None:
+        print("wrk output not understood:\n" + out, file=sys.stderr)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     sock = re.search(r"Socket errors: (.*)", out)
-    return {"conns": conns, "req_per_s": rps, "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
+    return {"conns": conns, "req_per_s": rps,
+            "p50_ms": p50 and round(p50, 3), "p99_ms": p99 and round(p99, 3),
             "non_2xx": int(non2xx.group(1)) if non2xx else 0,
             "socket_errors": sock.group(1) if sock else None}
 
