@@ -153,8 +153,9 @@ def wrk(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: i
     finally:
         os.unlink(f.name)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    # The distribution's own lines ("     50%  1.2ms"), not a "+/- Stdev" figure ending in 50%.
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
     if p50 is None or p99 is None:
         print("wrk output not understood:\n" + out, file=sys.stderr)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
