@@ -198,3 +198,50 @@ async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_f
         assert after.status_code == 200 and after.json()["result"] == before.json()["result"]
         r = await c.delete(path, headers=_auth(info))
         assert r.json()["status"] == "closed"
+
+
+@pytest.mark.ray
+def test_python_proxy_behind_the_flag(tmp_path):
+    """``envfarm serve --proxy python`` (its own process and Ray): the pool is the ingress with
+    LeaseRouter behind Serve's Python proxy; leases and calls work as on HAProxy."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from envfarm.farm import free_port
+    from tests.envfarm.serve.conftest import _only_loopback
+
+    if not _only_loopback():
+        pytest.skip("starts Ray: run inside a private network namespace")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+    env["PYTHONUNBUFFERED"] = "1"  # the start-up line names the ingress
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "envfarm.cli", "serve", "--proxy",
+                                 "python", "--envs", FAST, "--warm", "2", "--port", str(port),
+                                 "--num-cpus", "2"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while (time.monotonic() < deadline and proc.poll() is None
+               and "listening on" not in log.read_text()):
+            time.sleep(0.5)
+        assert "(python ingress)" in log.read_text(), log.read_text()[-2000:]
+        info = httpx.post(f"{url}/envs/{FAST}/leases", json={}, timeout=30).json()
+        r = httpx.post(f"{url}/envs/{FAST}/leases/{info['lease_id']}/call", headers=_auth(info),
+                       json={"tool": "get_my_profile"}, timeout=30)
+        assert r.status_code == 200 and r.json()["ok"], r.text
+        r = httpx.post(f"{url}/envs/{FAST}/leases/{_foreign(info['lease_id'])}/call",
+                       headers=_auth(info), json={"tool": "get_my_profile"}, timeout=30)
+        assert r.status_code == 410
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started
+            proc.wait()
