@@ -1,0 +1,360 @@
+"""verl 0.9.1 plugin: our agent loop as a verl ``AgentLoop`` (``gpu`` extra).
+
+verl's GRPO then trains on exactly what our loop produces: one sample per assistant turn, each
+its own windowed prompt (system + task + first ``list_tools`` exchange + last w turns, the same
+``trainer.window`` the CPU trainer uses) and that turn's tokens as the response (loss mask 1 on
+the turn only). Leases go through the SDK, rewards come from the farm's verify/judge path.
+
+    # verl config (see trainer/verl_example.yaml, shipped with the package)
+    trainer.use_v1: true          # the V1 trainer takes several outputs per agent loop
+    actor_rollout_ref.rollout.agent.agent_loop_config_path: <trainer/verl_agent_loop.yaml>
+    data.train_files: envfarm.parquet    # python -m trainer.verl_plugin dataset envfarm.parquet
+
+How the pieces map onto verl 0.9.1 (``verl.experimental.agent_loop``):
+- ``EnvfarmAgentLoop`` is registered with ``@register("envfarm_agent")`` and listed in
+  ``verl_agent_loop.yaml`` (what ``agent_loop_config_path`` loads in the Ray workers, where a
+  decorator in an unimported module would not have run). Extra YAML keys (``farm_url``,
+  ``window``, ...) arrive as constructor keyword arguments through ``hydra.utils.instantiate``.
+- ``run`` returns a *list* of ``AgentLoopOutput``: verl's V1 trainer (``AgentLoopWorkerTQ``)
+  stores each under ``{uid}_{session}_{turn}`` and computes GRPO advantages from each session's
+  final output, broadcast to its other outputs: a sample's advantage is its episode's.
+- An invalid episode (env/verifier/judge/farm failure, lease lost) returns no samples, so it is
+  dropped from its group, never scored 0. The sessions of one group run in one worker process;
+  ``GroupGate`` lets them wait for each other so a group left with < 2 valid rollouts, or with
+  zero reward variance, contributes nothing (the rule of ``trainer.grpo``).
+- ``ServerPolicy`` adapts verl's ``LLMServerClient`` (vLLM/SGLang behind it) to our ``Policy``:
+  token ids in, token ids + log-probs out, so training sees the exact sampled tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+from verl.workers.rollout.replica import TokenOutput
+
+from envfarm.client import Farm
+from judge import Message
+from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
+from trainer.format import render
+from trainer.policy import FINISH_LENGTH, FINISH_STOP, Generation, PolicyError, ScriptedPolicy
+from trainer.policy import TurnContext
+from trainer.window import DEFAULT_WINDOW
+
+AGENT_NAME = "envfarm_agent"
+AGENT_LOOP_YAML = "verl_agent_loop.yaml"
+EXAMPLE_CONFIG = "verl_example.yaml"
+
+
+def packaged_config(name: str = AGENT_LOOP_YAML) -> Path:
+    """Path of a YAML shipped with the package (for ``agent_loop_config_path``)."""
+    return Path(str(resources.files("trainer") / name))
+
+
+# -- policy adapter ------------------------------------------------------------------------------
+class ServerPolicy:
+    """Our ``Policy`` over verl's server manager (``LLMServerClient`` or anything with its
+    ``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput``)."""
+
+    name = "verl"
+
+    def __init__(self, server_manager: Any, tokenizer: Any, sampling_params: dict[str, Any], *,
+                 max_tokens: int, request_id: str | None = None) -> None:
+        self.server = server_manager
+        self.tokenizer = tokenizer
+        self.sampling_params = dict(sampling_params)
+        self.max_tokens = max_tokens
+        self.request_id = request_id or uuid.uuid4().hex  # one per episode: sticky server
+        self.eos_id = tokenizer.eos_token_id
+
+    async def generate(self, messages: Sequence[Message], ctx: TurnContext) -> Generation:
+        prompt_ids = encode(self.tokenizer, render(messages))
+        params = {**self.sampling_params, "max_tokens": self.max_tokens}
+        try:
+            out: TokenOutput = await self.server.generate(
+                request_id=self.request_id, prompt_ids=prompt_ids, sampling_params=params)
+        except Exception as exc:  # the server's failure is not the agent's: invalid rollout
+            raise PolicyError(f"verl server failed: {type(exc).__name__}: {exc}") from exc
+        ids = list(out.token_ids)
+        stopped = bool(ids) and ids[-1] == self.eos_id
+        finish = FINISH_STOP if stopped or len(ids) < self.max_tokens else FINISH_LENGTH
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = text.removesuffix(self.tokenizer.eos_token or "")
+        return Generation(text=text, finish_reason=finish, prompt_ids=prompt_ids,
+                          completion_ids=ids, logprobs=out.log_probs, policy=self.name)
+
+
+class LocalHFServer:
+    """A Hugging Face causal LM answering verl's ``generate`` in this process (CPU smoke runs,
+    tests): the same interface as verl's server manager, sampling with the model itself."""
+
+    def __init__(self, model_path: str | Path, *, device: str = "cpu") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path)).to(device).eval()
+        self.device = device
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int],
+                       sampling_params: dict[str, Any], **_: Any) -> TokenOutput:
+        return await asyncio.to_thread(self._generate, prompt_ids, sampling_params)
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        torch = self.torch
+        temperature = float(params.get("temperature", 1.0))
+        eos = self.model.generation_config.eos_token_id
+        ids = torch.tensor([prompt_ids], device=self.device)
+        out, logprobs, past = [], [], None
+        with torch.no_grad():
+            for _ in range(int(params.get("max_tokens", 64))):
+                res = self.model(input_ids=ids, past_key_values=past, use_cache=True)
+                past = res.past_key_values
+                logits = res.logits[0, -1].float()
+                if temperature > 0:
+                    probs = torch.softmax(logits / temperature, -1)
+                    tok = int(torch.multinomial(probs, 1))
+                else:
+                    tok = int(logits.argmax())
+                logprobs.append(float(torch.log_softmax(logits, -1)[tok]))
+                out.append(tok)
+                if tok == eos:
+                    break
+                ids = torch.tensor([[tok]], device=self.device)
+        return TokenOutput(token_ids=out, log_probs=logprobs, stop_reason="completed")
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+# -- GRPO group rule across the sessions of one prompt --------------------------------------------
+def group_keeps(rewards: Sequence[float | None]) -> bool:
+    """Does a group train? Only its valid rewards count: at least 2 of them, not all equal."""
+    valid = [r for r in rewards if r is not None]
+    return len(valid) >= 2 and max(valid) != min(valid)
+
+
+@dataclass
+class _Group:
+    expected: int
+    rewards: dict[int, float | None] = field(default_factory=dict)
+    left: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class GroupGate:
+    """Where the ``n`` sessions of one GRPO group (same uid, same step) wait for each other's
+    rewards. verl runs them as tasks of one worker actor, so a process-wide table suffices;
+    a timeout keeps a lost sibling from hanging the step (then the arrivals so far decide)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, _Group] = {}
+
+    async def arrive(self, key: str, expected: int, session: int, reward: float | None,
+                     timeout_s: float) -> bool:
+        group = self._groups.setdefault(key, _Group(expected))
+        group.rewards[session] = reward
+        if len(group.rewards) >= group.expected:
+            group.done.set()
+        try:
+            await asyncio.wait_for(group.done.wait(), timeout_s)
+        except TimeoutError:
+            group.done.set()
+        keeps = group_keeps(list(group.rewards.values()))
+        group.left += 1
+        if group.left >= len(group.rewards) and self._groups.get(key) is group:
+            del self._groups[key]  # every arrival has read the verdict
+        return keeps
+
+
+GATE = GroupGate()
+_FARMS: dict[tuple[str, int], Farm] = {}
+
+
+def shared_farm(url: str) -> Farm:
+    """One SDK client (one connection pool) per farm URL and event loop, not per episode."""
+    key = (url, id(asyncio.get_running_loop()))
+    if key not in _FARMS:
+        _FARMS[key] = Farm(url)
+    return _FARMS[key]
+
+
+# -- the agent loop -----------------------------------------------------------------------------
+@register(AGENT_NAME)
+class EnvfarmAgentLoop(AgentLoopBase):
+    """One farm episode per call of ``run``; one verl sample per assistant turn.
+
+    Keyword arguments (from ``verl_agent_loop.yaml``): ``farm_url``; ``window`` (w, default 3;
+    ``null``: whole history); ``max_turns`` (20); ``max_turn_tokens`` (capped by
+    ``rollout.response_length``); ``policy``: ``server`` (verl's LLM servers, the default) or
+    ``scripted`` (replay reference solutions: a model-free smoke run of the whole pipeline);
+    ``gate_timeout_s``; ``farm`` (an SDK ``Farm``, for embedding).
+    """
+
+    def __init__(self, *args: Any, farm_url: str = "http://127.0.0.1:8000",
+                 window: int | None = DEFAULT_WINDOW, max_turns: int = 20,
+                 max_turn_tokens: int | None = None, policy: str = "server",
+                 gate_timeout_s: float = 1800.0, farm: Farm | None = None,
+                 name: str | None = None, **kwargs: Any) -> None:
+        wrapped = kwargs.get("trainer_config", args[0] if args else None)
+        trainer_cfg = getattr(wrapped, "config", {}).get("trainer", {}) or {}
+        if not trainer_cfg.get("use_v1", False):
+            raise ValueError("EnvfarmAgentLoop returns one sample per turn, which needs verl's V1 "
+                             "trainer: set trainer.use_v1=true")
+        if policy not in ("server", "scripted"):
+            raise ValueError(f"policy must be 'server' or 'scripted', not {policy!r}")
+        super().__init__(*args, **kwargs)
+        self.farm_url = farm_url
+        self.farm = farm
+        self.policy_kind = policy
+        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window)
+        limit = int(self.rollout_config.response_length)
+        self.max_turn_tokens = min(limit, max_turn_tokens or limit)
+        self.gate_timeout_s = gate_timeout_s
+        self.episode: EpisodeResult | None = None  # the last episode (for logs and tests)
+
+    def _policy(self, sampling_params: dict[str, Any], env: str, task_idx: int):
+        if self.policy_kind == "scripted":
+            catalog = _catalog()
+            return ScriptedPolicy({(env, task_idx): catalog[env].solutions[task_idx]})
+        return ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
+                            max_tokens=self.max_turn_tokens)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        env, task_idx = task_of(kwargs)
+        farm = self.farm or shared_farm(self.farm_url)
+        policy = self._policy(sampling_params, env, task_idx)
+        started = time.perf_counter()
+        result = await run_episode(farm, policy, env, task_idx, config=self.episode_config)
+        self.episode = result
+        reward = result.reward if result.valid else None
+        if split_of(kwargs) == "train" and "uid" in kwargs and int(self.rollout_config.n) > 1:
+            key = f"{kwargs.get('global_steps', -1)}:{kwargs['uid']}"
+            n = int(self.rollout_config.n)
+            keep = await GATE.arrive(key, n, int(kwargs.get("session_id", 0)), reward,
+                                     self.gate_timeout_s)
+            if not keep:
+                return []
+        if reward is None:
+            return []  # invalid: dropped, never scored 0
+        return self._samples(result, float(reward), time.perf_counter() - started)
+
+    def _samples(self, result: EpisodeResult, reward: float, seconds: float
+                 ) -> list[AgentLoopOutput]:
+        info = {"outcome": result.outcome, "end": result.end.value,
+                "success": float(result.success), "env_calls": float(result.env_calls)}
+        outs = []
+        for k, turn in enumerate(result.turns):
+            prompt_ids, response_ids, logprobs = turn_tokens(self.tokenizer, turn.prompt,
+                                                             turn.generation)
+            metrics = AgentLoopMetrics(generate_sequences=result.policy_seconds,
+                                       tool_calls=result.env_seconds)
+            outs.append(AgentLoopOutput(
+                prompt_ids=prompt_ids, response_ids=response_ids,
+                response_mask=[1] * len(response_ids), response_logprobs=logprobs,
+                reward_score=reward, num_turns=len(turn.prompt) + 1, metrics=metrics,
+                extra_fields={"reward_extra_info": dict(info), "turn": k, "env": result.env,
+                              "task_idx": result.task_idx, "episode_s": seconds}))
+        return outs
+
+
+def split_of(kwargs: dict[str, Any]) -> str:
+    """``train`` rows are gated as GRPO groups; ``val`` rows (see ``dataset_rows``) are not:
+    verl does not tell an agent loop whether it runs a validation step."""
+    return str((kwargs.get("extra_info") or {}).get("split", "train"))
+
+
+@functools.cache
+def _catalog() -> Any:
+    from envfarm import load_catalog
+
+    return load_catalog()
+
+
+def task_of(kwargs: dict[str, Any]) -> tuple[str, int]:
+    """The (env, task_idx) of a dataset row: in ``extra_info`` (see ``dataset_rows``)."""
+    extra = kwargs.get("extra_info") or {}
+    env = extra.get("env", kwargs.get("env"))
+    idx = extra.get("task_idx", kwargs.get("task_idx"))
+    if not env or idx is None:
+        raise ValueError("an envfarm dataset row needs extra_info.env and extra_info.task_idx "
+                         "(write one with `python -m trainer.verl_plugin dataset OUT.parquet`)")
+    return str(env), int(idx)
+
+
+def turn_tokens(tokenizer: Any, prompt: Sequence[Message], gen: Generation
+                ) -> tuple[list[int], list[int], list[float] | None]:
+    """A turn's training sample: the exact tokens a server policy saw and sampled; for a text
+    policy (scripted, OpenAI), the rendered windowed prompt and the turn + end-of-turn token."""
+    if gen.prompt_ids is not None and gen.completion_ids is not None:
+        return list(gen.prompt_ids), list(gen.completion_ids), gen.logprobs
+    prompt_ids = encode(tokenizer, render(prompt))
+    response_ids = encode(tokenizer, gen.text) + [tokenizer.eos_token_id]
+    return prompt_ids, response_ids, None
+
+
+# -- dataset ------------------------------------------------------------------------------------
+def dataset_rows(catalog: Any = None, envs: Sequence[str] | None = None,
+                 split: str = "train") -> list[dict[str, Any]]:
+    """One verl dataset row per (env, task): the task as the prompt, the task's address (and
+    the split: ``val`` rows skip the group gate) in ``extra_info``, and ``agent_name`` so verl
+    runs this loop for it."""
+    if catalog is None:
+        from envfarm import load_catalog
+
+        catalog = load_catalog()
+    rows = []
+    for env in envs or catalog.servable:
+        bundle = catalog[env]
+        for idx, task in enumerate(bundle.tasks):
+            rows.append({"data_source": "envfarm", "agent_name": AGENT_NAME,
+                         "prompt": [{"role": "user", "content": task}],
+                         "extra_info": {"env": env, "task_idx": idx, "index": len(rows),
+                                        "split": split}})
+    return rows
+
+
+def write_dataset(out: str | Path, envs: Sequence[str] | None = None, split: str = "train"
+                  ) -> int:
+    import pandas as pd
+
+    rows = dataset_rows(envs=envs, split=split)
+    pd.DataFrame(rows).to_parquet(out)
+    return len(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m trainer.verl_plugin",
+                                 description="verl plugin helpers")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ds = sub.add_parser("dataset", help="write the catalog's tasks as a verl parquet dataset")
+    ds.add_argument("out")
+    ds.add_argument("--env", action="append", help="only these envs (repeatable)")
+    ds.add_argument("--split", choices=["train", "val"], default="train")
+    sub.add_parser("paths", help="print the packaged agent-loop YAML and example config paths")
+    args = ap.parse_args(argv)
+    if args.cmd == "dataset":
+        print(f"{write_dataset(args.out, args.env, args.split)} rows -> {args.out}")
+    else:
+        print(packaged_config(AGENT_LOOP_YAML))
+        print(packaged_config(EXAMPLE_CONFIG))
+
+
+if __name__ == "__main__":
+    main()
