@@ -238,7 +238,16 @@ def summarize(results: list[EpisodeResult], wall: float, **extra: Any) -> dict:
             **extra}
 
 
-def run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, transport: str,
+def run_mode(*args: Any, **kw: Any) -> dict:
+    """One timed run; a failure is recorded (with its error), not fatal to the other paths."""
+    try:
+        return _run_mode(*args, **kw)
+    except Exception as exc:  # noqa: BLE001  (a benchmark reports, it does not stop)
+        return {"error": f"{type(exc).__name__}: {exc}"[:500], "episodes_per_s": 0.0,
+                "seconds": None}
+
+
+def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, transport: str,
              batched: bool, profile: bool = False, incluster: bool = False) -> dict:
     async def go() -> dict:
         inner = (AiohttpTransport(url, max_connections=concurrency * 2) if transport == "aiohttp"

@@ -50,6 +50,7 @@ from envfarm.client import Farm
 from judge import Message
 from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
 from trainer.format import render
+from trainer.grpo import group_advantages
 from trainer.policy import FINISH_LENGTH, FINISH_STOP, Generation, PolicyError, ScriptedPolicy
 from trainer.policy import TurnContext
 from trainer.window import DEFAULT_WINDOW
@@ -143,9 +144,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 # -- GRPO group rule across the sessions of one prompt --------------------------------------------
 def group_keeps(rewards: Sequence[float | None]) -> bool:
-    """Does a group train? Only its valid rewards count: at least 2 of them, not all equal."""
-    valid = [r for r in rewards if r is not None]
-    return len(valid) >= 2 and max(valid) != min(valid)
+    """Does a group train? ``trainer.grpo``'s rule: invalid rewards dropped, then at least 2
+    valid ones that are not all equal."""
+    return any(a is not None for a in group_advantages(rewards))
 
 
 @dataclass
