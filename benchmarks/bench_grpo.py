@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 SETTINGS = {"window3": 3, "full_history": None}
 ENVS_TASKS = [("hotel_booking_1", 1), ("personal_banking_1", 0)]  # two groups, long solutions
-GROUP = 8
+GROUP = int(os.environ.get("BENCH_GRPO_GROUP", "4"))  # rollouts per task (x 2 tasks)
 
 
 def rss_mib() -> float:

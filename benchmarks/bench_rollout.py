@@ -59,7 +59,9 @@ class AiohttpTransport:
                  ) -> None:
         self.base = base_url.rstrip("/")
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_connections),
+            # close idle connections before uvicorn does (its keep-alive is 5 s): else a reused
+            # connection races the server's close and a non-retryable call fails
+            connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=3.0),
             timeout=aiohttp.ClientTimeout(total=timeout_s, connect=10.0))
 
     async def request(self, method: str, path: str, *, json: Any = None,

@@ -33,8 +33,10 @@ class HTTPTransport:
                  client: httpx.AsyncClient | None = None) -> None:
         self.client = client or httpx.AsyncClient(
             base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
+            # keepalive_expiry < uvicorn's 5 s keep-alive: a reused idle connection otherwise
+            # races the server's close, and a tool call (not retryable) fails with ReadError
             limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections),
+                                max_keepalive_connections=max_connections, keepalive_expiry=3.0),
         )
 
     async def request(self, method: str, path: str, *, json: Any = None,
