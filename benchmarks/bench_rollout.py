@@ -151,6 +151,13 @@ class HandleTransport(CoalescingTransport):
     async def request(self, method: str, path: str, *, json: Any = None,
                       headers: dict[str, str] | None = None) -> Reply:
         parts = path.split("/")
+        if method == "POST" and len(parts) == 4 and parts[3] == "leases:batch":
+            body = {k: v for k, v in (json or {}).items()
+                    if v is not None and k not in ("count", "idempotency_key")}
+            infos = await asyncio.gather(*(self.farm.lease(parts[2], **body)
+                                           for _ in range(int((json or {}).get("count", 1)))))
+            self.leases.update((i.lease_id, i) for i in infos)
+            return Reply(201, json_dumps([i.model_dump(mode="json") for i in infos]))
         if method == "POST" and len(parts) == 4 and parts[3] == "leases":
             body = {k: v for k, v in (json or {}).items() if v is not None}
             info = await self.farm.lease(parts[2], **body)
@@ -169,9 +176,9 @@ class HandleTransport(CoalescingTransport):
             return
         self.batches += 1
         self.calls += len(batch)
-        calls = [(self.leases[item["lease_id"]], item["tool"], item["arguments"])
-                 for item, _ in batch]
         try:
+            calls = [(self.leases[item["lease_id"]], item["tool"], item["arguments"])
+                     for item, _ in batch]
             results = await self.farm.call_many(calls)
         except Exception as exc:
             for _, fut in batch:
