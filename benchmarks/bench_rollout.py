@@ -373,7 +373,8 @@ async def awm_rollouts(catalog: Any, instances: dict, groups: list, verifiers: d
             queues[env].put_nowait(inst)
     stats = {"calls": 0, "wait": 0.0, "busy": 0.0, "ok": 0}
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096)) as s:
+    connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0)  # < uvicorn's 5 s
+    async with aiohttp.ClientSession(connector=connector) as s:
         async def episode(env: str, idx: int) -> None:
             inst = await queues[env].get()  # one instance = one process, one episode at a time
             t0 = time.perf_counter()
