@@ -41,7 +41,8 @@ def rss_mib() -> float:
 
 async def episodes() -> list:
     from envfarm.client import Farm
-    from envfarm.farm import FarmConfig, LocalFarm, PoolConfig
+    from envfarm.compose import LocalFarm
+    from envfarm.farm import FarmConfig, PoolConfig
     from trainer.episode import EpisodeConfig, run_episode
     from trainer.policy import ScriptedPolicy
 

@@ -313,8 +313,9 @@ def start_no_ray(warm: int, verifier_workers: int) -> tuple[subprocess.Popen, st
     from envfarm.farm import free_port
 
     port = free_port()
-    code = ("from envfarm.farm import FarmConfig, FarmCore, PoolConfig, make_server\n"
-            f"core = FarmCore(FarmConfig(pool=PoolConfig(warm={warm}), "
+    code = ("from envfarm.compose import compose_core\n"
+            "from envfarm.farm import FarmConfig, PoolConfig, make_server\n"
+            f"core = compose_core(FarmConfig(pool=PoolConfig(warm={warm}), "
             f"verifier_workers={verifier_workers}))\n"
             f"make_server(core, '127.0.0.1', {port}).run()\n")
     proc = subprocess.Popen([PY, "-c", code], cwd=REPO)
