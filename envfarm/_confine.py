@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import concurrent.futures
+import gc
 import os
 import posix
 import select
@@ -107,7 +108,7 @@ def _bounded_wait(real, what: str, timeout_index: int, timeout_name: str):
     """``real``, refused inside env code when it may block longer than MAX_BLOCK_S."""
 
     def wait(*args, **kwargs):
-        if in_env_code():
+        if in_env_code() and not _collecting.active:
             timeout = kwargs.get(timeout_name, args[timeout_index] if len(args) > timeout_index
                                  else None)
             if timeout is None or timeout < 0 or timeout > MAX_BLOCK_S:
@@ -119,12 +120,38 @@ def _bounded_wait(real, what: str, timeout_index: int, timeout_name: str):
     return wait
 
 
+class _Collecting(threading.local):
+    active = False
+
+
+# The cyclic collector runs host finalizers in whichever thread allocates, env code included:
+# grpc's channel dealloc (Ray) joins its poller thread with a 0.2 s timeout. Waits inside a
+# collection are the host's; env code can at worst stall the loop that way (a finalizer of its
+# own), which README lists with the CPU-burn cases as not confined.
+_collecting = _Collecting()
+
+
+def _on_gc(phase: str, _info: dict) -> None:
+    _collecting.active = phase == "start"
+
+
+def _join(real):
+    bounded = _bounded_wait(real, "threading.Thread.join", 1, "timeout")
+
+    def join(self, *args, **kwargs):
+        if not self.is_alive():  # a finished thread's join returns at once: nothing to stall
+            return real(self, *args, **kwargs)
+        return bounded(self, *args, **kwargs)
+
+    return join
+
+
 def _patch_blocking() -> None:
     # Condition.wait backs Event.wait, Semaphore.acquire, Barrier.wait and queue.Queue.get/put.
     threading.Condition.wait = _bounded_wait(threading.Condition.wait,
                                              "threading.Condition.wait", 1, "timeout")
-    threading.Thread.join = _bounded_wait(threading.Thread.join, "threading.Thread.join", 1,
-                                          "timeout")
+    threading.Thread.join = _join(threading.Thread.join)
+    gc.callbacks.append(_on_gc)
     select.select = _bounded_wait(select.select, "select.select", 3, "timeout")
     time.sleep = _guard.guarded_sleep
 

@@ -587,3 +587,35 @@ async def test_system_exit_through_the_farm_is_a_typed_env_error(hostile):
         r = await client.post(path + "/call", json={"tool": "list_notes", "arguments": {}},
                               headers=auth)
         assert r.status_code == 200 and r.json()["ok"] is True
+
+
+def test_host_finalizers_run_by_the_collector_inside_env_code_may_wait(inst):
+    """The cyclic collector runs host finalizers in whatever thread allocates, env code included
+    (seen in the suite: Ray's grpc channel dealloc joins its finished poller thread, 0.2 s)."""
+    import gc
+    import threading
+
+    from envfarm._guard import CallGuard, guarded, in_env_code
+
+    finished = threading.Thread(target=lambda: None)
+    finished.start()
+    finished.join()
+    seen: list = []
+
+    class HostResource:
+        def __del__(self):
+            try:
+                seen.append(("in env code", in_env_code()))
+                finished.join(0.2)
+                threading.Event().wait(0.1)
+                seen.append("waited")
+            except BaseException as exc:  # a finalizer's error would only be printed
+                seen.append(exc)
+
+    res = HostResource()
+    res.cycle = res
+    del res  # garbage only the cyclic collector frees
+    with guarded(CallGuard(2.0, None)):
+        gc.collect()
+    assert seen == [("in env code", True), "waited"], seen
+    _refused(inst.call_sync("block_async", {}), "may not block")  # env code itself still may not
