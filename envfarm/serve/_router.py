@@ -14,6 +14,8 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from envfarm.wire import owner_of
+
 #: ``owner="#<i>"`` on a handle call targets the i-th replica in id order (metrics fan-out).
 INDEX_PREFIX = "#"
 
@@ -31,8 +33,7 @@ def owner_from_path(path: str) -> str | None:
         return None
     if i + 1 >= len(parts) or not parts[i + 1]:
         return None
-    owner, sep, _ = parts[i + 1].rpartition("-")
-    return owner if sep and owner else None
+    return owner_of(parts[i + 1]) or None
 
 
 def owner_of_request(request: PendingRequest | None) -> str | None:

@@ -26,6 +26,7 @@ def test_one_app_per_env_or_packs(bundled_catalog):
 def test_owner_from_path():
     assert owner_from_path("/envs/a/leases/abc123-00ff/call") == "abc123"
     assert owner_from_path("/envs/a/leases/abc123-00ff") == "abc123"
+    assert owner_from_path("/envs/a/leases/nodash") is None  # not a lease id
     assert owner_from_path("/envs/a/leases") is None
     assert owner_from_path("/envs/a") is None
 
