@@ -39,7 +39,7 @@ def rss_mib() -> float:
     return float("nan")
 
 
-async def episodes() -> list:
+async def episodes(tool_listing: str) -> list:
     from envfarm.client import Farm
     from envfarm.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
@@ -52,12 +52,13 @@ async def episodes() -> list:
 
         policy = ScriptedPolicy.from_catalog(load_catalog())
         async with Farm(local.url) as farm:
-            cfg = EpisodeConfig(window=None)  # keep every message; windows are cut below
+            # keep every message; windows are cut below
+            cfg = EpisodeConfig(window=None, tool_listing=tool_listing)
             return [await run_episode(farm, policy, env, idx, config=cfg)
                     for env, idx in ENVS_TASKS for _ in range(GROUP)]
 
 
-def child(setting: str, steps: int, micro_batch: int) -> dict:
+def child(setting: str, steps: int, micro_batch: int, tool_listing: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,7 +74,7 @@ def child(setting: str, steps: int, micro_batch: int) -> dict:
     ref = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     t0 = time.perf_counter()
-    eps = asyncio.run(episodes())
+    eps = asyncio.run(episodes(tool_listing))
     print(f"episodes: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     batch = []
     for i, ep in enumerate(eps):
@@ -96,7 +97,8 @@ def child(setting: str, steps: int, micro_batch: int) -> dict:
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     prompt_lens = [len(s.prompt_ids) for s in batch]
-    return {"setting": setting, "window": SETTINGS[setting], "samples": len(batch),
+    return {"setting": setting, "window": SETTINGS[setting], "tool_listing": tool_listing,
+            "samples": len(batch),
             "episodes": len(eps), "prompt_tokens_mean": round(statistics.mean(prompt_lens)),
             "prompt_tokens_max": max(prompt_lens),
             "completion_tokens": sum(len(s.completion_ids) for s in batch),
@@ -115,24 +117,29 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--child", choices=sorted(SETTINGS))
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, in order")
+    # compact = what trainer/configs/tiny_cpu.yaml trains with; full puts every tool's JSON
+    # schema (11-14k tiny-tokenizer tokens) in every sample's prompt
+    ap.add_argument("--tool-listing", choices=["compact", "full"], default="compact")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "grpo.json")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.micro_batch)))
+        print(json.dumps(child(args.child, args.steps, args.micro_batch, args.tool_listing)))
         return
     res = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                        "loadavg_start": os.getloadavg(),
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
            "settings": {}}
-    for name in SETTINGS:
+    for name in args.settings.split(","):
         out = subprocess.run([sys.executable, __file__, "--child", name, "--steps",
-                              str(args.steps), "--micro-batch", str(args.micro_batch)],
+                              str(args.steps), "--micro-batch", str(args.micro_batch),
+                              "--tool-listing", args.tool_listing],
                              capture_output=True, text=True, check=True, cwd=REPO)
         res["settings"][name] = json.loads(out.stdout.strip().splitlines()[-1])
         print(name, res["settings"][name], flush=True)
-    res["machine"]["loadavg_end"] = os.getloadavg()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=2))
+        res["machine"]["loadavg_end"] = os.getloadavg()
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2))  # after each setting: a long one may be cut
 
 
 if __name__ == "__main__":
