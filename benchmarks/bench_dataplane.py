@@ -282,6 +282,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=8.0, help="wrk duration per figure")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds")
+    ap.add_argument("--note", default="", help="what else ran on the machine, kept in the JSON")
     ap.add_argument("--awm", type=int, default=4, help="AWM processes")
     ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run")
     args = ap.parse_args()
@@ -289,8 +290,8 @@ def main() -> None:
         sys.exit("wrk is not installed (apt-get install -y wrk)")
     res: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_start": os.getloadavg(), "note": "shared machine, other jobs "
-                    "running: one noisy run, figures are indicative"},
+                    "load_avg_start": os.getloadavg(), "note": args.note,
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "config": {"env": ENV, "tool": TOOL, "leases": LEASES, "seconds": args.seconds,
                    "rounds": args.rounds, "awm_processes": args.awm},
         "rounds": []}
