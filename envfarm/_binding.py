@@ -63,7 +63,7 @@ def _current_connection() -> sqlite3.Connection:
     return _current_slot().conn
 
 
-class InstancePool(Pool):
+class BindingPool(Pool):
     """A pool that hands out the current instance's connection; it never resets or closes it."""
 
     def _do_get(self) -> _ConnectionRecord:
@@ -76,18 +76,18 @@ class InstancePool(Pool):
         pass  # the instance owns the connection; rollback happens per call in the runtime
 
     def status(self) -> str:
-        return "InstancePool"
+        return "BindingPool"
 
     def dispose(self) -> None:
         pass
 
-    def recreate(self) -> InstancePool:
+    def recreate(self) -> BindingPool:
         return self
 
 
 def routing_engine() -> sqlalchemy.Engine:
     return sqlalchemy.create_engine(
-        "sqlite://", creator=_current_connection, poolclass=InstancePool,
+        "sqlite://", creator=_current_connection, poolclass=BindingPool,
         pool_reset_on_return=None,
     )
 

@@ -74,7 +74,7 @@ _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "
                                "edit"})
 
 
-class SandboxViolation(BaseException):
+class ForbiddenOperation(BaseException):
     """Raised by the audit hook; a BaseException so ``except Exception`` does not hide it."""
 
 
@@ -112,7 +112,7 @@ class _CallState:
     def violate(self, what: str) -> None:
         if len(self.violations) < 20:
             self.violations.append(what)
-        raise SandboxViolation(what)
+        raise ForbiddenOperation(what)
 
 
 def _cpu_used() -> float:
@@ -307,7 +307,7 @@ def _run_one(req: dict, state: _CallState, builtins_: dict, cache: dict, max_res
             result = fn(req["initial"], req["final"], req.get("final_answer"))
         else:
             result = fn(req["initial"], req["final"])
-    except SandboxViolation as exc:
+    except ForbiddenOperation as exc:
         return {"ok": False, "kind": "forbidden", "error": f"forbidden: {exc}", "recycle": True}
     except MemoryError:
         return {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)",

@@ -13,7 +13,7 @@ from synth._parse import ParseError, extract_json
 
 
 @dataclass
-class Outcome:
+class Attempt:
     """How one candidate fared: accepted or not, why, and a score to pick the best by."""
 
     ok: bool
@@ -28,7 +28,7 @@ class Outcome:
 class LoopResult:
     """The accepted candidate, or the best failing one, and what every attempt said."""
 
-    best: Outcome | None
+    best: Attempt | None
     accepted: bool
     attempts: int
     history: list[list[str]] = field(default_factory=list)
@@ -38,7 +38,7 @@ class LoopResult:
         return self.history[-1] if self.history else []
 
 
-Evaluate = Callable[[str], Awaitable[Outcome]]
+Evaluate = Callable[[str], Awaitable[Attempt]]
 
 
 async def self_correct(
@@ -61,7 +61,7 @@ async def self_correct(
     """
     limit = max_attempts or ctx.config.max_attempts
     convo = list(messages)
-    best: Outcome | None = None
+    best: Attempt | None = None
     history: list[list[str]] = []
     for attempt in range(1, limit + 1):
         text = await ctx.chat(meter, convo, stage=stage, scenario=scenario, json_mode=json_mode, salt=salt)

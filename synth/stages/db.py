@@ -7,7 +7,7 @@ from typing import Any
 
 from synth import prompts
 from synth._context import Meter, RunContext
-from synth._correct import Outcome, self_correct
+from synth._correct import Attempt, self_correct
 from synth._answers import DbAnswer, parse_answer
 from synth._parse import ParseError
 from synth._sql import run_ddl
@@ -18,14 +18,14 @@ async def run_db(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     tasks = ctx.stores.task.get(name)["tasks"]
     meter = Meter()
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             tables = [t.model_dump() for t in parse_answer(text, DbAnswer).tables]
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         run = await asyncio.to_thread(run_ddl, tables)
         ok = run.failure_rate <= ctx.config.max_failure_rate and bool(run.kept)
-        return Outcome(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,
+        return Attempt(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,
                        excerpt="\n".join(t["ddl"] for t in tables if t["name"] in run.failed_tables) or text,
                        details={"tables": len(run.kept), "failed_tables": run.failed_tables})
 

@@ -14,7 +14,7 @@ from typing import Any
 from envfarm.check import probe_tools
 from synth import prompts
 from synth._context import Meter, RunContext
-from synth._correct import Outcome, self_correct
+from synth._correct import Attempt, self_correct
 from synth._parse import ParseError, extract_code
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
@@ -30,16 +30,16 @@ async def run_env(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     meter = Meter()
     repairs_left = DEFECT_REPAIRS
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         nonlocal repairs_left
         try:
             code = extract_code(text)
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         bundle = make_bundle(name, db=db, sample=sample, spec=spec, code=code)
         runtime, load_error = await asyncio.to_thread(load_runtime, bundle, ctx.config.tool_timeout_s)
         if runtime is None:
-            return Outcome(ok=False, value=code, errors=[load_error or "env does not load"], score=-1e6, excerpt=code)
+            return Attempt(ok=False, value=code, errors=[load_error or "env does not load"], score=-1e6, excerpt=code)
         rep = await probe_tools(runtime)
         details = {"tools": rep.tools, "code_lines": len(code.splitlines()),
                    "runtime_problems": runtime.problems[:20], "hard_errors": len(rep.errors),
@@ -47,7 +47,7 @@ async def run_env(ctx: RunContext, scenario: dict[str, Any]) -> bool:
         ok = not rep.errors and not (rep.defects and repairs_left > 0)
         if not rep.errors and rep.defects and repairs_left > 0:
             repairs_left -= 1
-        return Outcome(ok=ok, value=code, errors=rep.errors + rep.defects, excerpt=code, details=details,
+        return Attempt(ok=ok, value=code, errors=rep.errors + rep.defects, excerpt=code, details=details,
                        score=-(1000 * len(rep.errors) + len(rep.defects)))
 
     loop = await self_correct(ctx, meter, stage="env", scenario=name,

@@ -16,7 +16,7 @@ from typing import Any
 from envfarm.template import execute_inserts
 from synth import prompts
 from synth._context import Meter, RunContext
-from synth._correct import Outcome, self_correct
+from synth._correct import Attempt, self_correct
 from synth._jsonl import JsonlStore
 from synth._answers import SampleAnswer, parse_answer
 from synth._parse import ParseError
@@ -29,14 +29,14 @@ async def run_sample(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     db_tables = ctx.stores.db.get(name)["db_schema"]["tables"]
     meter = Meter()
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             tables = [t.model_dump() for t in parse_answer(text, SampleAnswer).tables]
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         run = await asyncio.to_thread(run_inserts, db_tables, tables)
         ok = run.total > 0 and run.failure_rate <= ctx.config.max_failure_rate
-        return Outcome(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,
+        return Attempt(ok=ok, value=run, errors=run.errors, score=-run.failure_rate,
                        excerpt="\n".join(e.split("): ", 1)[-1] for e in run.errors[:20]) or text,
                        details={"inserts": run.rows, "failed": run.failed, "total": run.total})
 

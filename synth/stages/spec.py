@@ -7,7 +7,7 @@ from typing import Any
 
 from synth import prompts
 from synth._context import Meter, RunContext
-from synth._correct import Outcome, self_correct
+from synth._correct import Attempt, self_correct
 from synth._answers import SpecAnswer, validate_answer
 from synth._parse import ParseError, extract_json
 from synth._sql import ddl_text
@@ -89,16 +89,16 @@ async def run_spec(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     table_names = {t["name"].lower() for t in db_tables}
     meter = Meter()
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             spec = extract_json(text)
             validate_answer(spec, SpecAnswer)  # the structure validate_spec walks
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         errors, coverage = validate_spec(spec, len(tasks), table_names)
         value = {"api_groups": spec.get("api_groups")}
         n_ops = sum(len(g.get("endpoints", [])) for g in value["api_groups"] or [] if isinstance(g, dict))
-        return Outcome(ok=not errors, value=value, errors=errors, score=-len(errors),
+        return Attempt(ok=not errors, value=value, errors=errors, score=-len(errors),
                        details={"endpoints": n_ops, "task_coverage": coverage})
 
     loop = await self_correct(ctx, meter, stage="spec", scenario=name,

@@ -6,7 +6,7 @@ from typing import Any
 
 from synth import prompts
 from synth._context import Meter, RunContext
-from synth._correct import Outcome, self_correct
+from synth._correct import Attempt, self_correct
 from synth._answers import TaskAnswer, parse_answer
 from synth._parse import ParseError
 
@@ -15,11 +15,11 @@ async def run_task(ctx: RunContext, scenario: dict[str, Any]) -> bool:
     name, k = scenario["name"], ctx.config.tasks_per_scenario
     meter = Meter()
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             tasks = parse_answer(text, TaskAnswer).tasks
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         tasks = [t.strip() for t in tasks if t.strip()]
         errors = []
         if len(tasks) != k:
@@ -29,7 +29,7 @@ async def run_task(ctx: RunContext, scenario: dict[str, Any]) -> bool:
         short = [t for t in tasks if len(t) < 20]
         if short:
             errors.append(f"tasks too short to carry concrete parameters: {short[:3]}")
-        return Outcome(ok=not errors, value=tasks[:k], errors=errors, score=-len(errors))
+        return Attempt(ok=not errors, value=tasks[:k], errors=errors, score=-len(errors))
 
     loop = await self_correct(ctx, meter, stage="task", scenario=name,
                               messages=prompts.task_messages(name, scenario.get("description", ""), k),

@@ -26,7 +26,7 @@ from envfarm.models import ToolCall
 from synth import prompts
 from synth._answers import RowsAnswer, SolutionAnswer, VerifierAnswer, fix_target, parse_answer
 from synth._context import Meter, RunContext
-from synth._correct import LoopResult, Outcome, self_correct, summarize
+from synth._correct import Attempt, LoopResult, self_correct, summarize
 from synth._parse import ParseError
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
@@ -338,14 +338,14 @@ async def _gen_rows(ctx: RunContext, meter: Meter, sh: _Shared, task: str, failu
                     extra: list[dict[str, Any]] | None) -> LoopResult:
     """Ask for the INSERTs a task lacks; accepted when they all run on the committed data."""
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             tables = [t.model_dump() for t in parse_answer(text, RowsAnswer).tables]
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         pending = merge_tables(extra or [], tables)
         run = await asyncio.to_thread(run_extra_inserts, sh.initial, pending)
-        return Outcome(ok=not run.errors, value=pending, errors=run.errors, score=-len(run.errors),
+        return Attempt(ok=not run.errors, value=pending, errors=run.errors, score=-len(run.errors),
                        excerpt="\n".join(s for t in tables for s in t["insert_statements"]) or text,
                        details={"rows": run.rows})
 
@@ -358,11 +358,11 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
                         feedback: str | None) -> LoopResult:
     sandbox = ctx.get_sandbox()
 
-    async def evaluate(text: str) -> Outcome:
+    async def evaluate(text: str) -> Attempt:
         try:
             data = parse_answer(text, VerifierAnswer)
         except ParseError as exc:
-            return Outcome(ok=False, errors=[str(exc)])
+            return Attempt(ok=False, errors=[str(exc)])
         sql_code, code_code = data.sql_verifier, data.code_verifier
         initial = sh.initial
         errors = []
@@ -376,7 +376,7 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
             errors.append(f"code-mode verifier returned {code_res.result!r}; it must return "
                           '{"result": "complete"} or {"result": "others"}')
         criteria = data.model_dump(include={"reasoning", "success_criteria", "failure_criteria"})
-        return Outcome(ok=not errors, value={"sql": sql_code, "code": code_code, "criteria": criteria},
+        return Attempt(ok=not errors, value={"sql": sql_code, "code": code_code, "criteria": criteria},
                        errors=errors, score=-len(errors), excerpt=f"{sql_code}\n\n{code_code}")
 
     messages = prompts.verifier_messages(sh.name, task, sh.ddl, sh.excerpt(), sh.tools)
