@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _procs import wait_http
 from bench_farm_load import (
     ENV,
     TOOL,
@@ -53,20 +54,6 @@ def free_port() -> int:
     from envfarm.farm import free_port as fp
 
     return fp()
-
-
-def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 # -- --no-ray: the farm in one uvicorn process (a subprocess, so the client has its own GIL) --
