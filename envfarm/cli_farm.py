@@ -154,7 +154,8 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
 
 
 def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
-               ) -> tuple[str, int, list[Any]]:
+               ) -> tuple[str, int, list[Any], str | None]:
+    """(env, task, reference solution, stored reference final answer) of the demo episode."""
     catalog = load_catalog(config.catalog)
     names = [env] if env else catalog.servable
     for name in names:
@@ -162,9 +163,9 @@ def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
         tasks = [task_idx] if task_idx is not None else sorted(bundle.solutions)
         for idx in tasks:
             if idx in bundle.solutions and idx in bundle.code_verifiers:
-                return bundle.name, idx, bundle.solutions[idx]
+                return bundle.name, idx, bundle.solutions[idx], bundle.solution_answers.get(idx)
     if env and task_idx is not None:
-        return catalog[env].name, task_idx, []
+        return catalog[env].name, task_idx, [], None
     raise typer.BadParameter("no servable env with a reference solution and a verifier; "
                              "pass --env and --task")
 
@@ -176,7 +177,7 @@ def demo(catalog: CatalogOpt = None,
          proxy: ProxyOpt = Ingress.haproxy, port: PortOpt = 8000) -> None:
     """Start the farm, run one reference episode (lease, tools, solution, verify, release), stop."""
     config = _config(catalog, None, warm=2)
-    name, idx, solution = _pick_task(config, env, task)
+    name, idx, solution, answer = _pick_task(config, env, task)
     if no_ray:
         local = LocalFarm(config, port=port).start()
         url, stop = local.url, local.stop
@@ -191,7 +192,7 @@ def demo(catalog: CatalogOpt = None,
         console.print(f"farm up on {url} ({running.proxy} ingress) with "
                       f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
-        report = asyncio.run(_demo_episode(url, name, idx, solution))
+        report = asyncio.run(_demo_episode(url, name, idx, solution, answer))
     finally:
         stop()
     _print_report(report)
@@ -199,9 +200,10 @@ def demo(catalog: CatalogOpt = None,
         raise typer.Exit(1)
 
 
-async def _demo_episode(url: str, env: str, idx: int, solution: list[Any]) -> EpisodeReport:
+async def _demo_episode(url: str, env: str, idx: int, solution: list[Any],
+                        answer: str | None) -> EpisodeReport:
     async with Farm(url) as farm:
-        return await reference_episode(farm, env, idx, solution)
+        return await reference_episode(farm, env, idx, solution, answer)
 
 
 def _print_report(r: EpisodeReport) -> None:

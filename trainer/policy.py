@@ -67,13 +67,17 @@ class ScriptedPolicy:
 
     name = "scripted"
 
-    def __init__(self, solutions: dict[tuple[str, int], list]) -> None:
+    def __init__(self, solutions: dict[tuple[str, int], list],
+                 answers: dict[tuple[str, int], str] | None = None) -> None:
         self.solutions = solutions  # (env, task_idx) -> list[envfarm.ToolCall]
+        self.answers = answers or {}  # (env, task_idx) -> stored reference final answer
 
     @classmethod
     def from_catalog(cls, catalog) -> ScriptedPolicy:
         return cls({(name, idx): calls for name in catalog.names
-                    for idx, calls in catalog[name].solutions.items()})
+                    for idx, calls in catalog[name].solutions.items()},
+                   {(name, idx): answer for name in catalog.names
+                    for idx, answer in catalog[name].solution_answers.items()})
 
     def has(self, env: str, task_idx: int | None) -> bool:
         return task_idx is not None and (env, task_idx) in self.solutions
@@ -93,7 +97,8 @@ class ScriptedPolicy:
             text = call_tool_text(call.tool, call.arguments,
                                   f"Step {ctx.turn} of the plan: call {call.tool}.")
         else:
-            text = final_text("The task is done.", "Every step succeeded; I can answer.")
+            answer = self.answers.get((ctx.env, ctx.task_idx), "The task is done.")
+            text = final_text(answer, "Every step succeeded; I can answer.")
         return text
 
 

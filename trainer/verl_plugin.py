@@ -231,7 +231,7 @@ class EnvfarmAgentLoop(AgentLoopBase):
     def _policy(self, sampling_params: dict[str, Any], env: str, task_idx: int):
         if self.policy_kind == "scripted":
             catalog = _catalog()
-            return ScriptedPolicy({(env, task_idx): catalog[env].solutions[task_idx]})
+            return ScriptedPolicy.from_catalog(catalog)
         return ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
                             max_tokens=self.max_turn_tokens)
 

@@ -37,7 +37,9 @@ class EpisodeReport(BaseModel):
 
 
 async def reference_episode(farm: Farm, env: str, task_idx: int,
-                            solution: list[ToolCall]) -> EpisodeReport:
+                            solution: list[ToolCall], final_answer: str | None = None) -> EpisodeReport:
+    """Replays ``solution`` on a fresh lease and verifies it; ``final_answer`` is the task's stored
+    reference answer (``EnvBundle.solution_answers``), which read-only tasks' verifiers check."""
     started = time.perf_counter()
     lease = await farm.acquire(env, task_idx=task_idx)
     try:
@@ -47,7 +49,7 @@ async def reference_episode(farm: Farm, env: str, task_idx: int,
             res = await lease.call_result(call.tool, call.arguments)
             text = _short(res.result if res.ok else (res.error.message if res.error else ""))
             steps.append(StepReport(tool=call.tool, ok=res.ok, summary=text))
-        verdict = await lease.verify()
+        verdict = await lease.verify(final_answer=final_answer)
     finally:
         released = await lease.release()
     return EpisodeReport(env=env, task_idx=task_idx, task=lease.info.task, lease_id=lease.lease_id,
