@@ -15,6 +15,12 @@ from envfarm.serve._build import AppPlan, applications, plan
 from envfarm.serve._ingress import ENV_HAPROXY, IngressMismatch, Proxy, current_proxy, use_ingress
 from envfarm.serve._options import ServeOptions
 
+#: Serve holds a stopping direct-ingress replica open this long so external load balancers can
+#: deregister it (30 s by default, so every stop took 30 s). On the embedded local Ray the only
+#: balancer is the node's own HAProxy, which reloads in well under a second.
+ENV_DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+LOCAL_DRAIN_S = "2"
+
 
 @dataclass
 class RunningFarm:
@@ -47,6 +53,7 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
             ray.init(address=address, log_to_driver=False)
         else:
             use_ingress(options.proxy)  # the embedded Ray's processes inherit it
+            os.environ.setdefault(ENV_DRAIN, LOCAL_DRAIN_S)
             ray.init(num_cpus=options.num_cpus, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         started_ray = True
