@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from envfarm.client import HTTPTransport, Reply
+from envfarm.client import Reply
 from envfarm.errors import TransportError
 
 

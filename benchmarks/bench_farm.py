@@ -29,12 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _farm_report import render_markdown
 from _procs import wait_http
 from bench_farm_load import (
     ENV,
     TOOL,
     _drive,
     batched_calls,
+    handle_acquire,
+    handle_calls,
     http_calls,
     lease_batch_latency,
     lease_latency,
@@ -405,119 +408,6 @@ def main() -> None:
     print(render_markdown(res))
     if args.json:
         args.json.write_text(text)
-
-
-def render_markdown(res: dict) -> str:
-    """The tables of RESULTS.md's Farm section, from one run's JSON."""
-    nr, sv, awm, sq = res["no_ray"], res["serve"], res["awm"], res["sequential"]
-    k = res["settings"]["no_ray_procs_equal"]
-    eq = res.get(f"no_ray_x{k}") or {}
-
-    def row(name: str, r: dict, note: str = "", ceiling: bool = False) -> str:
-        mark = "**" if ceiling else ""
-        return (f"| {name} | {mark}{r['calls_per_s']:,.0f}{mark} | {r['p50_ms']:g} | "
-                f"{r['p99_ms']:g} | {', '.join(f'{x:,.0f}' for x in r['runs_calls_per_s'])} "
-                f"| {note} |")
-
-    labels = {"http_calls": ("HTTP, 32 leases", "one call per request"),
-              "batched_calls": ("owner batch x64", "one hop; latency per batch"),
-              "batched_front": ("front batch x64 (`/batch/call`)", "latency per batch"),
-              "mcp_calls": ("MCP tools/call, 32 leases", "")}
-    lines = ["| path (same run, interleaved) | calls/s (median round) | p50 ms | p99 ms "
-             "| every round, calls/s | notes |", "|---|---|---|---|---|---|"]
-    for mode, (name, note) in labels.items():
-        lines.append(row(f"--no-ray, 1 process, {name}", nr[mode],
-                         note + ("; **the 1-process ceiling**" if mode == res["ceiling_mode"]
-                                 else ""), mode == res["ceiling_mode"]))
-    for mode, (name, note) in labels.items():
-        if eq:
-            is_ceiling = mode == res.get("ceiling_equal_mode")
-            lines.append(row(f"--no-ray, {k} processes, {name}", eq[mode],
-                             note + (f"; **the {k}-process ceiling**" if is_ceiling else ""),
-                             is_ceiling))
-    for mode, (name, note) in labels.items():
-        lines.append(row(f"Serve ({res['settings']['replicas']} replicas), {name}", sv[mode],
-                         note))
-    lines.append(row("Serve, in-cluster DeploymentHandles, batch x64", sv["handles"],
-                     "no HTTP proxy"))
-    lines.append(row(f"AWM: {awm['instances']} uvicorn processes + DB files", awm["calls"],
-                     "one call per request"))
-    lines += ["", "| ratio (median rounds) | value |", "|---|---|"]
-    lines += [f"| {name} | {v} |" for name, v in res["ratios"].items()]
-    lines += [
-        "",
-        "| sequential latency (interleaved rounds) | p50 ms | p99 ms |",
-        "|---|---|---|",
-        f"| --no-ray lease acquire (HTTP) | {sq['no_ray_lease_acquire']['p50_ms']} | "
-        f"{sq['no_ray_lease_acquire']['p99_ms']} |",
-        f"| Serve lease acquire (HTTP) | {sq['serve_lease_acquire']['p50_ms']} | "
-        f"{sq['serve_lease_acquire']['p99_ms']} |",
-        f"| Serve's floor: trivial FastAPI ingress GET | {sq['serve_floor_get']['p50_ms']} | "
-        f"{sq['serve_floor_get']['p99_ms']} |",
-        f"| Serve farm /healthz | {sq['serve_healthz']['p50_ms']} | "
-        f"{sq['serve_healthz']['p99_ms']} |",
-        f"| --no-ray /healthz | {sq['no_ray_healthz']['p50_ms']} | "
-        f"{sq['no_ray_healthz']['p99_ms']} |",
-        f"| Serve `leases:batch` x16, per lease | "
-        f"{sv['lease_acquire_batch16']['per_lease_p50_ms']} | - |",
-        f"| Serve in-cluster handle acquire | {sv['handle_lease_acquire']['p50_ms']} | "
-        f"{sv['handle_lease_acquire']['p99_ms']} |",
-        "",
-        (f"| {res['settings']['hold']:,} leases held, calls flowing | total RSS MiB "
-         "| total PSS MiB | processes | calls/s |"),
-        "|---|---|---|---|---|",
-    ]
-    for name, h in (("--no-ray (one process)", nr["hold"]),
-                    ("Serve (all Ray processes)", sv["hold"])):
-        m = h["memory"]
-        lines.append(f"| {name} | {m['rss_mib']:,.0f} | {m['pss_mib']:,.0f} | "
-                     f"{m['processes']} | {h['flow']['calls_per_s']:,.0f} |")
-    am = awm["memory"]
-    lines.append(f"| AWM, {awm['instances']} instances (measured, idle) | {am['rss_mib']:,.0f} | "
-                 f"{am['pss_mib']:,.0f} | {am['processes']} | - |")
-    lines.append(f"| AWM, 1,024 instances (extrapolated) | - | "
-                 f"{awm['extrapolated_1024_gib'] * 1024:,.0f} | 1,024 | - |")
-    lines += ["", ("| locust, 20 users, lease -> 20 calls -> release | req/s | p50 ms | p99 ms |"
-              " failures |"), "|---|---|---|---|---|"]
-    for name, lo in (("--no-ray", nr["locust"]), ("Serve", sv["locust"])):
-        a = lo["all"]
-        lines.append(f"| {name} | {a['req_per_s']} | {a['p50_ms']:g} | {a['p99_ms']:g} |"
-                     f" {a['failures']} |")
-    return "\n".join(lines)
-
-
-async def handle_acquire(n: int = 100) -> dict:
-    """Lease acquire over DeploymentHandles from this (driver) process, no HTTP proxy."""
-    from envfarm.serve import InClusterFarm
-
-    farm = await InClusterFarm.connect()
-    lat = []
-    for _ in range(n + 20):
-        t0 = time.perf_counter()
-        lease = await farm.lease(ENV)
-        lat.append(time.perf_counter() - t0)
-        await farm.release(lease)
-    return {"n": n, "p50_ms": round(pct(lat[20:], 0.5) * 1000, 2),
-            "p99_ms": round(pct(lat[20:], 0.99) * 1000, 2)}
-
-
-async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> dict:
-    """The in-cluster path: batched calls over DeploymentHandles from this (driver) process."""
-    from envfarm.serve import InClusterFarm
-
-    farm = await InClusterFarm.connect()
-    groups = [[await farm.lease(ENV) for _ in range(batch)] for _ in range(workers)]
-
-    async def one(i: int) -> int:
-        out = await farm.call_many([(lease, TOOL, {}) for lease in groups[i]])
-        return sum(1 for r in out if r.result is not None and r.result.ok)
-
-    lat, calls, elapsed = await _drive(workers, duration_s, one)
-    for g in groups:
-        for lease in g:
-            await farm.release(lease)
-    return summary(lat, calls, elapsed, workers=workers, batch=batch,
-                   note="latency is per batch of calls")
 
 
 if __name__ == "__main__":

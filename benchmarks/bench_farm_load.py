@@ -203,3 +203,37 @@ def tree_memory(root_pid: int | None = None, exclude_self: bool = True,
         pss += getattr(info, "pss", info.rss)
     return {"processes": len(procs), "rss_mib": round(rss / 2**20, 1),
             "pss_mib": round(pss / 2**20, 1)}
+
+
+async def handle_acquire(n: int = 100) -> dict:
+    """Lease acquire over DeploymentHandles from this (driver) process, no HTTP proxy."""
+    from envfarm.serve import InClusterFarm
+
+    farm = await InClusterFarm.connect()
+    lat = []
+    for _ in range(n + 20):
+        t0 = time.perf_counter()
+        lease = await farm.lease(ENV)
+        lat.append(time.perf_counter() - t0)
+        await farm.release(lease)
+    return {"n": n, "p50_ms": round(pct(lat[20:], 0.5) * 1000, 2),
+            "p99_ms": round(pct(lat[20:], 0.99) * 1000, 2)}
+
+
+async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> dict:
+    """The in-cluster path: batched calls over DeploymentHandles from this (driver) process."""
+    from envfarm.serve import InClusterFarm
+
+    farm = await InClusterFarm.connect()
+    groups = [[await farm.lease(ENV) for _ in range(batch)] for _ in range(workers)]
+
+    async def one(i: int) -> int:
+        out = await farm.call_many([(lease, TOOL, {}) for lease in groups[i]])
+        return sum(1 for r in out if r.result is not None and r.result.ok)
+
+    lat, calls, elapsed = await _drive(workers, duration_s, one)
+    for g in groups:
+        for lease in g:
+            await farm.release(lease)
+    return summary(lat, calls, elapsed, workers=workers, batch=batch,
+                   note="latency is per batch of calls")

@@ -6,7 +6,6 @@ Heavy imports (torch, transformers, Ray) happen inside the commands that need th
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
