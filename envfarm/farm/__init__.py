@@ -12,6 +12,13 @@ from envfarm.farm._http import error_response, install_error_handlers
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
+from envfarm.farm._status import (
+    EnvStatus,
+    FarmStatus,
+    ReplicaStatus,
+    install_status_routes,
+    summarize_status,
+)
 from envfarm.wire import (
     BatchError,
     BatchItem,
@@ -43,9 +50,11 @@ __all__ = [
     "BatchResult",
     "CallRequest",
     "EnvDetail",
+    "EnvStatus",
     "EnvSummary",
     "FarmConfig",
     "FarmCore",
+    "FarmStatus",
     "Health",
     "InstancePool",
     "LeaseBatchRequest",
@@ -58,6 +67,7 @@ __all__ = [
     "PoolStats",
     "ReleaseResponse",
     "ReleaseStatus",
+    "ReplicaStatus",
     "TaskNotFound",
     "VerifierFactory",
     "VerifyRequest",
@@ -66,8 +76,10 @@ __all__ = [
     "error_response",
     "free_port",
     "install_error_handlers",
+    "install_status_routes",
     "make_server",
     "merge_exposition",
     "new_owner_tag",
     "owner_of",
+    "summarize_status",
 ]

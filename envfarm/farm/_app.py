@@ -15,6 +15,7 @@ from starlette.routing import Route
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
 from envfarm.farm._mcp import LeaseMCP
+from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.models import CallResult, ToolSpec
 from envfarm.wire import (
     LEASE_ID_PATTERN,
@@ -84,6 +85,11 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
              responses={200: {"content": {"text/plain": {}}}})
     async def metrics() -> Response:
         return Response(core.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def status() -> FarmStatus:
+        return summarize_status([core.replica_status()], core.env_names(), "no-ray")
+
+    install_status_routes(app, status)
 
     @app.get("/envs", response_model=list[EnvSummary], tags=["catalog"])
     async def list_envs() -> list[EnvSummary]:

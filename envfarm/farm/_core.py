@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import secrets
 import time
 from collections import OrderedDict
@@ -31,6 +32,8 @@ from envfarm.errors import (
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._pool import InstancePool
+from envfarm.farm._status import ReplicaStatus
+from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime, Instance
 from envfarm.verdict import EpisodeVerifier, Outcome, Verdict
@@ -115,6 +118,7 @@ class FarmCore:
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = _LazyVerifier(verifier)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases))
+        self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
     def _envs_to_serve(self) -> list[str]:
@@ -195,6 +199,11 @@ class FarmCore:
     def health(self) -> Health:
         return Health(owner=self.owner, envs=self.env_names(), leases_active=len(self.leases),
                       free_instances=sum(s.free for s in self.pool_stats()))
+
+    def replica_status(self, app: str | None = None) -> ReplicaStatus:
+        """This process's part of the status page."""
+        return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
+                             pools=self.pool_stats(), window=self.window.snapshot())
 
     # -- leases ---------------------------------------------------------------------------------
     def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "") -> LeaseInfo:
@@ -306,6 +315,7 @@ class FarmCore:
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
+        self.window.record_call(lease.env, outcome, res.elapsed_ms / 1000)
         return res
 
     async def reset(self, lease: LeaseRecord) -> None:
@@ -342,6 +352,7 @@ class FarmCore:
                 final_answer=req.final_answer)
         lease.touch()
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
+        self.window.record_verification(lease.env, verdict.outcome.value)
         return VerifyResponse(task_idx=task_idx, **verdict.model_dump(exclude={"reward", "valid"}))
 
     async def batch_call(self, items: list[BatchItem]) -> list[BatchResult]:

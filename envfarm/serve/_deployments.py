@@ -31,11 +31,15 @@ from envfarm.farm import (
     EnvSummary,
     FarmConfig,
     FarmCore,
+    FarmStatus,
     LeaseRequest,
+    ReplicaStatus,
     build_app,
     error_response,
     install_error_handlers,
+    install_status_routes,
     merge_exposition,
+    summarize_status,
 )
 from envfarm.serve._handles import fresh_call
 from envfarm.wire import by_owner
@@ -113,6 +117,11 @@ class PoolReplica:
     async def metrics_text(self, owner: str) -> bytes:
         return self.core.metrics.render()
 
+    async def replica_status(self, owner: str) -> dict[str, Any]:
+        """This replica's part of the status page (the front merges them)."""
+        app = serve.get_replica_context().app_name
+        return self.core.replica_status(app).model_dump()
+
     async def whoami(self, owner: str) -> dict[str, Any]:
         """Owner tag and process id of this replica (tests, operators)."""
         return {"owner": self.core.owner, "pid": os.getpid(), "leases": len(self.core.leases)}
@@ -178,12 +187,19 @@ class Front:
 
         @app.get("/metrics")
         async def metrics() -> Response:
-            apps: dict[tuple[str, str], None] = dict.fromkeys(self.routes.values())
-            calls = [fresh_call(self.handle_for(where).metrics_text, owner=f"{INDEX_PREFIX}{i}")
-                     for where in apps for i in range(self.replicas.get(where[0], 1))]
-            texts = await asyncio.gather(*calls, return_exceptions=True)
+            texts = await self.on_every_replica("metrics_text")
             body = merge_exposition([t for t in texts if isinstance(t, bytes)])
             return Response(body, media_type="text/plain; version=0.0.4")
+
+        async def status() -> FarmStatus:
+            answers = await self.on_every_replica("replica_status")
+            replicas = {r.owner: r for r in (ReplicaStatus.model_validate(a) for a in answers
+                                             if isinstance(a, dict))}
+            return summarize_status(list(replicas.values()), sorted(served), "serve",
+                                    unreachable=sum(isinstance(a, BaseException)
+                                                    for a in answers))
+
+        install_status_routes(app, status)
 
         @app.post("/batch/call", response_model=BatchResponse)
         async def batch_call(req: BatchRequest) -> BatchResponse:
@@ -207,6 +223,15 @@ class Front:
             return Response(res.body, status_code=res.status, headers=headers)
 
         return app
+
+    async def on_every_replica(self, method: str) -> list[Any]:
+        """Call a method on every pool replica (by index, up to each app's replica count;
+        an app with fewer running gets some twice): answers, or the exceptions raised."""
+        apps: dict[tuple[str, str], None] = dict.fromkeys(self.routes.values())
+        calls = [fresh_call(getattr(self.handle_for(where), method),
+                            owner=f"{INDEX_PREFIX}{i}")
+                 for where in apps for i in range(self.replicas.get(where[0], 1))]
+        return await asyncio.gather(*calls, return_exceptions=True)
 
     async def routes_table(self) -> dict[str, tuple[str, str]]:
         """env -> (app, deployment): how in-cluster clients find the pools."""

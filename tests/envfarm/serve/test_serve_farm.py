@@ -101,6 +101,29 @@ def test_front_serves_the_whole_openapi(serve_farm):
     assert httpx.get(serve_farm.url + "/docs").status_code == 200
 
 
+async def test_front_serves_the_status_page_over_every_replica(serve_farm):
+    async with Farm(serve_farm.url) as farm, httpx.AsyncClient(base_url=serve_farm.url) as c:
+        leases = [await farm.acquire(ENV) for _ in range(6)]
+        for lease in leases:
+            await lease.call("list_wishlists")
+        assert (await c.get("/")).headers["location"] == "status"
+        page = await c.get("/status")
+        assert page.status_code == 200 and "status.json" in page.text
+        status = (await c.get("/status.json")).json()
+        for lease in leases:
+            await lease.release()
+    assert status["mode"] == "serve" and status["unreachable"] == 0
+    replicas = {r["owner"]: r for r in status["replicas"]}
+    assert len(replicas) == REPLICAS
+    assert {lease.lease_id.split("-")[0] for lease in leases} <= set(replicas)
+    assert all(r["app"] == f"env-{ENV}" and r["envs"] == [ENV] for r in replicas.values())
+    (env,) = status["envs"]
+    assert env["env"] == ENV and env["replicas"] == REPLICAS
+    assert env["leased"] >= 6 and env["calls"] >= 6 and env["calls_per_s"] > 0
+    assert env["p50_ms"] > 0 and env["errors"]["env_error"] == 0
+    assert status["leases"] == sum(r["leases"] for r in replicas.values()) >= 6
+
+
 async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
     from ray import serve
 
