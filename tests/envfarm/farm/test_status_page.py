@@ -24,7 +24,7 @@ BUNDLED = ["hotel_booking_1", "personal_banking_1", "project_management_1"]
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser(monkeypatch) -> Iterator[object]:
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("needs Chromium and its driver on PATH: apt-get install chromium "
                     "chromium-driver (.ci/run installs them)")
@@ -36,7 +36,7 @@ def browser() -> Iterator[object]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,760"):
         options.add_argument(arg)
-    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager download a driver
+    monkeypatch.setenv("SE_OFFLINE", "true")  # never let Selenium Manager download anything
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         yield driver
