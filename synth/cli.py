@@ -44,6 +44,26 @@ def _parse_pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def llm_config(out: Path, *, llm_base_url: str | None, llm_model: str | None, llm_api_key: str | None,
+               stage_model: list[str], price: list[str], llm_concurrency: int, llm_replay: Path | None,
+               llm_record: Path | None, cache_dir: Path | None, no_cache: bool) -> Any:
+    """The ``envfarm.llm.LLMConfig`` of the LLM options every LLM-using command takes."""
+    from envfarm.llm import LLMConfig, Price
+
+    prices = {}
+    for model, spec in _parse_pairs(price, "--price").items():
+        inp, _, outp = spec.partition("/")
+        prices[model] = Price(input_per_mtok=float(inp), output_per_mtok=float(outp or 0))
+    cfg = LLMConfig.from_env(
+        base_url=llm_base_url, model=llm_model, api_key=llm_api_key,
+        stage_models=_parse_pairs(stage_model, "--stage-model") or None,
+        max_concurrency=llm_concurrency, replay_path=llm_replay, record_path=llm_record,
+        cache_dir=None if no_cache else (cache_dir or out / "llm_cache"),
+    )
+    cfg.prices.update(prices)
+    return cfg
+
+
 #: Options every stage command takes: the run folder, the LLM endpoint and its bookkeeping.
 COMMON_OPTIONS = ("out", "llm_base_url", "llm_model", "llm_api_key", "stage_model", "price", "llm_concurrency",
                   "llm_replay", "llm_record", "cache_dir", "no_cache", "progress")
@@ -124,23 +144,14 @@ def _full_command(stages: tuple[str, ...]) -> Any:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar per stage"),
     ) -> None:
         from synth.config import SynthConfig
-        from envfarm.llm import LLMClient, LLMConfig, Price
+        from envfarm.llm import LLMClient
         from synth.pipeline import run_pipeline
         from synth.report import render_tables
 
         try:
-            prices = {}
-            for model, spec in _parse_pairs(price, "--price").items():
-                inp, _, outp = spec.partition("/")
-                prices[model] = Price(input_per_mtok=float(inp), output_per_mtok=float(outp or 0))
-            llm_cfg = LLMConfig.from_env(
-                base_url=llm_base_url, model=llm_model, api_key=llm_api_key,
-                stage_models=_parse_pairs(stage_model, "--stage-model") or None,
-                max_concurrency=llm_concurrency, replay_path=llm_replay, record_path=llm_record,
-                cache_dir=None if no_cache else (cache_dir or out / "llm_cache"),
-            )
-            if prices:
-                llm_cfg.prices.update(prices)
+            llm_cfg = llm_config(out, llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key,
+                                 stage_model=stage_model, price=price, llm_concurrency=llm_concurrency,
+                                 llm_replay=llm_replay, llm_record=llm_record, cache_dir=cache_dir, no_cache=no_cache)
             config = SynthConfig(
                 out_dir=out, seed_file=seed_file, target_count=target_count, tasks_per_scenario=tasks_per_scenario,
                 concurrency=concurrency, max_attempts=max_attempts, embedder=embedder, gate=gate,
@@ -179,6 +190,11 @@ from synth.config import STAGES as _STAGES  # noqa: E402 - after the factory on 
 for _stage in _STAGES:
     app.command(_stage, help=_STAGE_HELP[_stage], cls=_StageCommand)(_make_command((_stage,)))
 app.command("all", help=_STAGE_HELP["all"], cls=_StageCommand)(_make_command(_STAGES))
+
+
+from synth.factory.cli import register as _register_factory  # noqa: E402 - needs llm_config above
+
+_register_factory(app)
 
 
 @app.command("report", help="Print Table 1 (per stage) and Table 2 (per env) of a run folder.")

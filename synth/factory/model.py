@@ -53,6 +53,8 @@ class Edge(BaseModel):
     kept: bool = False
     #: the LLM's reason for keeping or rejecting, when it ruled
     reason: str = ""
+    #: what proposed the edge ("name" or "embedding") when ``source`` is "llm" (the LLM ruled on it)
+    found_by: str = ""
 
 
 class ToolGraph(BaseModel):
