@@ -64,9 +64,19 @@ def llm_config(out: Path, *, llm_base_url: str | None, llm_model: str | None, ll
     return cfg
 
 
+#: The LLM endpoint options (``llm_config``'s keywords), shared by every command that calls the LLM.
+LLM_OPTIONS = ("llm_base_url", "llm_model", "llm_api_key", "stage_model", "price", "llm_concurrency",
+               "llm_replay", "llm_record", "cache_dir", "no_cache")
+
+
+def llm_option_parameters() -> list[inspect.Parameter]:
+    """The ``LLM_OPTIONS`` parameters (typer options) of the stage commands, for other commands' signatures."""
+    sig = inspect.signature(_full_command(()), eval_str=True)
+    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name in LLM_OPTIONS]
+
+
 #: Options every stage command takes: the run folder, the LLM endpoint and its bookkeeping.
-COMMON_OPTIONS = ("out", "llm_base_url", "llm_model", "llm_api_key", "stage_model", "price", "llm_concurrency",
-                  "llm_replay", "llm_record", "cache_dir", "no_cache", "progress")
+COMMON_OPTIONS = ("out", *LLM_OPTIONS, "progress")
 #: Options of the stages that walk scenarios one by one with a self-correction loop.
 _PER_SCENARIO = ("concurrency", "max_attempts", "retry_failed")
 #: Stage -> the options (besides ``COMMON_OPTIONS``) that apply to it.

@@ -38,12 +38,17 @@ class ChainSampler:
         self.nodes: dict[str, Node] = {n.tool: n for n in graph.nodes}
         self.incoming: dict[tuple[str, str], list[Edge]] = defaultdict(list)
         self.successors: dict[str, set[str]] = defaultdict(set)
+        self.predecessors: dict[str, set[str]] = defaultdict(set)
+        self._hops: dict[str, dict[str, int]] = {}
         for e in graph.kept():
             if e.src in self.nodes and e.dst in self.nodes and e.src != e.dst:
                 self.incoming[(e.dst, e.param)].append(e)
                 self.successors[e.src].add(e.dst)
+                self.predecessors[e.dst].add(e.src)
         self.uses: Counter[str] = Counter()
         self.starts = sorted(t for t in self.successors if self.bind(t, []) is not None)
+        #: tools a walk may steer to: the starts and every tool an edge leads to
+        self.targets = sorted(set(self.starts) | set(self.predecessors))
 
     def bind(self, tool: str, steps: list[Step]) -> dict[str, Binding] | None:
         """Bindings of every required parameter of ``tool`` after ``steps``, or None when one has
@@ -79,20 +84,47 @@ class ChainSampler:
         weights = [1.0 / (1 + self.uses[t]) ** 2 if self.coverage else 1.0 for t in options]
         return rng.choices(options, weights=weights, k=1)[0]
 
+    def _hops_to(self, target: str) -> dict[str, int]:
+        """Edges from each tool to ``target`` (reverse breadth-first search; bindings not checked)."""
+        if target not in self._hops:
+            hops, frontier = {target: 0}, [target]
+            while frontier:
+                nxt = []
+                for tool in frontier:
+                    for src in self.predecessors[tool]:
+                        if src not in hops:
+                            hops[src] = hops[tool] + 1
+                            nxt.append(src)
+                frontier = nxt
+            self._hops[target] = hops
+        return self._hops[target]
+
     def walk(self, rng: random.Random, max_len: int) -> list[Step]:
-        """One chain of up to ``max_len`` steps (may be shorter when the graph runs out)."""
+        """One chain of up to ``max_len`` steps (may be shorter when the graph runs out).
+
+        With coverage on, the walk first picks a target tool (rarely used ones first) and steers
+        towards it: a tool behind a single path is reached as often as a hub's neighbours.
+        """
         if not self.starts:
             return []
-        first = self._pick(rng, self.starts)
+        target = self._pick(rng, self.targets) if self.coverage else None
+        hops = self._hops_to(target) if target else {}
+        near = [t for t in self.starts if hops.get(t, max_len) < max_len]
+        first = self._pick(rng, near or self.starts)
         steps = [Step(tool=first, bindings=self.bind(first, []) or {})]
-        target = rng.randint(2, max(2, max_len))
-        while len(steps) < target:
+        length = rng.randint(2, max(2, max_len))
+        while len(steps) < length or (target and target not in {s.tool for s in steps} and len(steps) < max_len):
             used = {s.tool for s in steps}
             reachable = sorted({d for s in steps for d in self.successors[s.tool]} - used)
             options = {t: b for t in reachable if (b := self.bind(t, steps)) is not None}
             if not options:
                 break
-            nxt = self._pick(rng, sorted(options))
+            if target in options:
+                nxt = target
+            else:
+                left = max_len - len(steps) - 1
+                steer = [t for t in options if target and target not in used and hops.get(t, max_len) <= left]
+                nxt = self._pick(rng, steer or sorted(options))
             steps.append(Step(tool=nxt, bindings=options[nxt]))
         return steps
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -25,17 +26,8 @@ def graph(
     no_llm: bool = typer.Option(False, "--no-llm", help="keep every candidate edge, no LLM pass"),
     embedder: str = typer.Option("local", help="candidate embeddings: local (offline MiniLM) | none (names only)"),
     batch_size: int = typer.Option(20, help="candidate edges per LLM call"),
-    llm_base_url: str = typer.Option(None, help="OpenAI-compatible base URL [env ENVFARM_LLM_BASE_URL]"),
-    llm_model: str = typer.Option(None, help="default model [env ENVFARM_LLM_MODEL]"),
-    llm_api_key: str = typer.Option(None, help="API key [env ENVFARM_LLM_API_KEY]"),
-    stage_model: list[str] = typer.Option([], help="STAGE=MODEL, repeatable (e.g. graph=gpt-5)"),
-    price: list[str] = typer.Option([], help="MODEL=IN/OUT USD per 1M tokens, repeatable"),
-    llm_concurrency: int = typer.Option(32, help="LLM calls in flight"),
-    llm_replay: Path = typer.Option(None, help="serve LLM answers from this recording (offline)"),
-    llm_record: Path = typer.Option(None, help="append every live LLM call to this recording"),
-    cache_dir: Path = typer.Option(None, help="response cache folder [default: OUT/llm_cache]"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="do not cache LLM responses"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
+    **llm_options: Any,
 ) -> None:
     """Tool dependency graph per env: candidate edges (embeddings + names), confirmed by the LLM."""
     from envfarm.llm import LLMClient
@@ -44,10 +36,7 @@ def graph(
 
     try:
         emb = _embedder(embedder)
-        llm = None if no_llm else LLMClient(llm_config(
-            out, llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key, stage_model=stage_model,
-            price=price, llm_concurrency=llm_concurrency, llm_replay=llm_replay, llm_record=llm_record,
-            cache_dir=cache_dir, no_cache=no_cache))
+        llm = None if no_llm else LLMClient(llm_config(out, **llm_options))
 
         async def main() -> list[dict[str, Any]]:
             try:
@@ -106,5 +95,10 @@ def _print(rows: list[dict[str, Any]], as_json: bool, fmt: Any) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``graph`` (with the LLM options of the stage commands) and ``chains`` to ``envfarm synth``."""
+    from synth.cli import llm_option_parameters
+
+    own = [p for p in inspect.signature(graph, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+    graph.__signature__ = inspect.Signature([*own, *llm_option_parameters()])  # type: ignore[attr-defined]
     app.command("graph")(graph)
     app.command("chains")(chains)

@@ -1,0 +1,157 @@
+"""Topology-aware chain sampling: satisfiable steps, determinism, coverage, cycles, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from envfarm import EnvRuntime
+from synth._jsonl import read_jsonl
+from synth.factory.chains import chain_id, sample_chains, unsatisfied
+from synth.factory.dbvalues import db_columns
+from synth.factory.graph import build_graph, save_graph
+from synth.factory.model import Edge, Field_, Node, Param, ToolGraph
+from tests.synth.factory_env import lending_bundle, no_edges_bundle
+
+
+@pytest.fixture(scope="module")
+def hotel(bundled_catalog):
+    runtime = EnvRuntime(bundled_catalog["hotel_booking_1"])
+    return asyncio.run(build_graph(runtime, embedder=None)), db_columns(runtime.template.data)
+
+
+def _assert_satisfiable(chains, graph, columns, max_len):
+    for c in chains:
+        assert 2 <= len(c.steps) <= max_len
+        assert unsatisfied(c, graph, columns) == [], c
+        assert len({s.tool for s in c.steps}) == len(c.steps)
+        assert c.chain_id == chain_id(c.env, c.steps)
+
+
+def test_every_step_of_every_chain_is_satisfiable(hotel) -> None:
+    graph, columns = hotel
+    chains = sample_chains(graph, columns, n=60, max_len=4, seed=1)
+    assert len(chains) == 60 and len({c.chain_id for c in chains}) == 60
+    _assert_satisfiable(chains, graph, columns, 4)
+    kinds = Counter(b.kind for c in chains for s in c.steps for b in s.bindings.values())
+    assert kinds["step"] >= 60 and kinds["db"] > 0 and kinds["task"] > 0
+    for c in chains:  # no surrogate key is left to the user
+        assert not any(b.kind == "task" and p.endswith("_id") for s in c.steps for p, b in s.bindings.items())
+
+
+def test_unsatisfied_catches_broken_bindings(hotel) -> None:
+    graph, columns = hotel
+    chain = sample_chains(graph, columns, n=1, max_len=3, seed=3)[0]
+    step = chain.steps[1]
+    name, binding = next((p, b) for p, b in step.bindings.items() if b.kind == "step")
+    broken = chain.model_copy(deep=True)
+    broken.steps[1].bindings[name] = binding.model_copy(update={"field": "no.such.field"})
+    assert any("without a kept edge" in p for p in unsatisfied(broken, graph, columns))
+    broken.steps[1].bindings.pop(name)
+    assert any("unbound" in p for p in unsatisfied(broken, graph, columns))
+
+
+def test_sampling_is_deterministic_under_a_seed(hotel) -> None:
+    graph, columns = hotel
+    a = sample_chains(graph, columns, n=25, max_len=4, seed=7)
+    b = sample_chains(graph, columns, n=25, max_len=4, seed=7)
+    c = sample_chains(graph, columns, n=25, max_len=4, seed=8)
+    assert [x.model_dump() for x in a] == [x.model_dump() for x in b]
+    assert [x.chain_id for x in a] != [x.chain_id for x in c]
+
+
+def _node(tool: str, params: list[str] = (), fields: list[str] = ("id",)) -> Node:
+    return Node(tool=tool, params=[Param(name=p, type="integer", required=True) for p in params],
+                fields=[Field_(path=f, type="integer") for f in fields], fields_source="schema")
+
+
+def _edge(src: str, dst: str, param: str, field: str = "id") -> Edge:
+    return Edge(src=src, field=field, dst=dst, param=param, score=1.0, source="name", kept=True)
+
+
+def _hub_graph() -> ToolGraph:
+    """A hub feeds ten tools, each of which feeds ten sinks; one rare tool hangs behind one of them."""
+    leaves, sinks = [f"leaf_{i}" for i in range(10)], [f"sink_{i}" for i in range(10)]
+    nodes = [_node("hub"), *(_node(t, ["hub_id"]) for t in leaves), *(_node(t, ["leaf_id"]) for t in sinks),
+             _node("rare", ["leaf_0_id"])]
+    edges = [*(_edge("hub", t, "hub_id") for t in leaves), *(_edge(a, b, "leaf_id") for a in leaves for b in sinks),
+             _edge("leaf_0", "rare", "leaf_0_id")]
+    return ToolGraph(env="hub_1", nodes=nodes, edges=edges, threshold=0.6)
+
+
+def test_coverage_weighting_reaches_rare_tools() -> None:
+    graph = _hub_graph()
+    weighted, uniform = Counter(), Counter()
+    for seed in range(5):
+        for counts, coverage in ((weighted, True), (uniform, False)):
+            chains = sample_chains(graph, {}, n=20, max_len=3, seed=seed, coverage=coverage)
+            _assert_satisfiable(chains, graph, {}, 3)
+            counts.update(s.tool for c in chains for s in c.steps)
+    assert set(weighted) == {n.tool for n in graph.nodes}  # every tool, the rare one included
+    assert weighted["rare"] >= 3 > uniform["rare"]
+
+    def spread(counts: Counter) -> int:
+        used = [counts[n.tool] for n in graph.nodes if n.tool != "hub"]
+        return max(used) - min(used)
+
+    assert spread(weighted) < spread(uniform)
+
+
+def test_cycles_do_not_hang() -> None:
+    nodes = [_node("a", ["c_id"]), _node("b", ["a_id"]), _node("c", ["b_id"]), _node("start")]
+    edges = [_edge("a", "b", "a_id"), _edge("b", "c", "b_id"), _edge("c", "a", "c_id"), _edge("start", "a", "c_id")]
+    graph = ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+    started = time.perf_counter()
+    chains = sample_chains(graph, {}, n=1000, max_len=50, seed=0)
+    assert time.perf_counter() - started < 5
+    # only start -> a -> b -> c and its prefixes exist: a tool never repeats, so the cycle ends
+    assert sorted(tuple(s.tool for s in c.steps) for c in chains) == [
+        ("start", "a"), ("start", "a", "b"), ("start", "a", "b", "c")]
+    _assert_satisfiable(chains, graph, {}, 50)
+
+
+def test_env_without_edges_gives_no_chains(tmp_path) -> None:
+    runtime = EnvRuntime(no_edges_bundle())
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    assert sample_chains(graph, db_columns(runtime.template.data), n=10, max_len=4, seed=0) == []
+    # all edges rejected is the same as none
+    hub = _hub_graph()
+    for e in hub.edges:
+        e.kept = False
+    assert sample_chains(hub, {}, n=10, seed=0) == []
+
+
+def test_db_bindings_point_at_real_columns() -> None:
+    runtime = EnvRuntime(lending_bundle())
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    columns = db_columns(runtime.template.data)
+    assert columns["books"]["id"] == 2 and columns["loans"]["id"] == 1
+    chains = sample_chains(graph, columns, n=10, max_len=3, seed=0)
+    _assert_satisfiable(chains, graph, columns, 3)
+    firsts = {(c.steps[0].tool, p, b.table, b.column) for c in chains for p, b in c.steps[0].bindings.items()}
+    assert ("get_book", "book_id", "books", "id") in firsts or ("lend_book", "book_id", "books", "id") in firsts
+
+
+def test_cli_chains_resumes_without_duplicates(tmp_path, bundled_catalog) -> None:
+    from synth.cli import app
+
+    runtime = EnvRuntime(bundled_catalog["hotel_booking_1"])
+    save_graph(asyncio.run(build_graph(runtime, embedder=None)), tmp_path)
+    run = CliRunner()
+    args = ["chains", "--out", str(tmp_path), "--env", "hotel_booking_1", "--seed", "3", "--max-len", "3"]
+    res = run.invoke(app, [*args, "--n", "10"], catch_exceptions=False)
+    assert res.exit_code == 0 and "10 new" in res.output, res.output
+    path = tmp_path / "factory" / "hotel_booking_1" / "chains.jsonl"
+    first = read_jsonl(path)
+    with path.open("a") as fh:  # a run killed mid-write leaves a torn line
+        fh.write('{"env": "hotel_booking_1", "chain_id": "torn')
+    res = run.invoke(app, [*args, "--n", "15"], catch_exceptions=False)
+    assert res.exit_code == 0 and "5 new, 15 in file" in res.output, res.output
+    lines = read_jsonl(path)
+    assert len(lines) == 15 and len({r["chain_id"] for r in lines}) == 15 and lines[:10] == first
+    res = run.invoke(app, ["chains", "--out", str(tmp_path), "--env", "personal_banking_1"], catch_exceptions=False)
+    assert res.exit_code == 1 and "run `envfarm synth graph` first" in res.output
