@@ -78,10 +78,11 @@ def param_text(p: Param) -> str:
     return f"{words}: {p.description}" if p.description else words
 
 
-async def candidate_edges(nodes: list[Node], embedder: Any, threshold: float) -> list[Edge]:
+async def candidate_edges(nodes: list[Node], embedder: Any, threshold: float, *,
+                          use_names: bool = True) -> list[Edge]:
     """Every (A, field, B, param) above ``threshold`` or matching by name, best field per (A, B, param).
 
-    ``embedder`` may be None: then only name matches are candidates.
+    ``embedder`` may be None: then only name matches are candidates (``use_names=False``: none are).
     """
     fields = [(n, f) for n in nodes for f in n.fields if f.type != "boolean"]
     params = [(n, p) for n in nodes for p in n.params if p.required]
@@ -93,7 +94,7 @@ async def candidate_edges(nodes: list[Node], embedder: Any, threshold: float) ->
         for i, (src, f) in enumerate(fields):
             if src.tool == dst.tool or not types_fit(f.type, p.type):
                 continue  # a tool feeding itself is no chain step
-            by_name = name_match(src, f, p)
+            by_name = use_names and name_match(src, f, p)
             score = float(sims[i, j])
             if not by_name and score < threshold:
                 continue
