@@ -155,3 +155,24 @@ def test_cli_chains_resumes_without_duplicates(tmp_path, bundled_catalog) -> Non
     assert len(lines) == 15 and len({r["chain_id"] for r in lines}) == 15 and lines[:10] == first
     res = run.invoke(app, ["chains", "--out", str(tmp_path), "--env", "personal_banking_1"], catch_exceptions=False)
     assert res.exit_code == 1 and "run `envfarm synth graph` first" in res.output
+
+
+def test_graph_then_chains_on_a_synth_output_folder(tmp_path) -> None:
+    """A run folder as synth writes it (gen_db / gen_sample / gen_envs of library_1)."""
+    import json
+
+    from synth.cli import app
+    from tests.synth.fixtures import library
+
+    records = {"gen_db.jsonl": {"scenario": "library_1", "db_schema": {"tables": library.TABLES}},
+               "gen_sample.jsonl": {"scenario": "library_1", "sample_data": {"tables": library.SAMPLE}},
+               "gen_envs.jsonl": {"scenario": "library_1", "full_code": library.ENV_CODE}}
+    for name, rec in records.items():
+        (tmp_path / name).write_text(json.dumps(rec) + "\n")
+    run = CliRunner()
+    res = run.invoke(app, ["graph", str(tmp_path), "--out", str(tmp_path), "--no-llm", "--embedder", "none"],
+                     catch_exceptions=False)
+    assert res.exit_code == 0 and res.output.startswith("library_1: 5 tools"), res.output
+    res = run.invoke(app, ["chains", str(tmp_path), "--out", str(tmp_path), "--n", "5"], catch_exceptions=False)
+    assert res.exit_code == 0 and "library_1: 5 chains sampled" in res.output, res.output
+    assert len(read_jsonl(tmp_path / "factory" / "library_1" / "chains.jsonl")) == 5
