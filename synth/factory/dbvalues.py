@@ -37,6 +37,21 @@ def db_columns(data: bytes) -> DbColumns:
         conn.close()
 
 
+def column_values(data: bytes, table: str, column: str, limit: int = 50) -> list[object]:
+    """Distinct non-null values of ``table.column`` in a serialized database, in row order
+    (the concrete arguments of a ``db`` binding); [] when the table or column does not exist."""
+    conn = open_memory_db(False)
+    try:
+        conn.deserialize(data)
+        rows = conn.execute(f'SELECT DISTINCT "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL '
+                            f"ORDER BY rowid LIMIT ?", (limit,)).fetchall()
+        return [r[0] for r in rows]
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
 def db_source(param: str, columns: DbColumns) -> tuple[str, str] | None:
     """``(table, column)`` whose values fit ``param``: the ``id`` of the entity's own table first
     (``room_type_id`` -> ``room_types.id``), else a column of the same name in any table."""

@@ -41,6 +41,26 @@ def value_fields(value: Any) -> list[Field_]:
     return list(out.values())
 
 
+def field_values(value: Any, path: str) -> list[Any]:
+    """The values at a dotted field path in a tool's JSON answer, every list item's for ``[]``
+    (``field_values({"hotels": [{"id": 1}, {"id": 2}]}, "hotels[].id") == [1, 2]``)."""
+    current = [value]
+    for part in path.split("."):
+        key, lists = part.rstrip("[]"), (len(part) - len(part.rstrip("[]"))) // 2
+        nxt = []
+        for v in current:
+            if key:
+                if not isinstance(v, dict) or key not in v:
+                    continue
+                v = v[key]
+            items = [v]
+            for _ in range(lists):
+                items = [i for it in items if isinstance(it, list) for i in it]
+            nxt.extend(items)
+        current = nxt
+    return [v for v in current if v is not None]
+
+
 def response_schemas(runtime: EnvRuntime) -> tuple[dict[str, dict[str, Any] | None], dict[str, Any]]:
     """tool -> its 2xx JSON response schema (None when the app declares none), and the components."""
     with warnings.catch_warnings():

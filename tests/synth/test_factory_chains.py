@@ -176,3 +176,35 @@ def test_graph_then_chains_on_a_synth_output_folder(tmp_path) -> None:
     res = run.invoke(app, ["chains", str(tmp_path), "--out", str(tmp_path), "--n", "5"], catch_exceptions=False)
     assert res.exit_code == 0 and "library_1: 5 chains sampled" in res.output, res.output
     assert len(read_jsonl(tmp_path / "factory" / "library_1" / "chains.jsonl")) == 5
+
+
+async def _execute(runtime, chain) -> list:
+    """Run a chain with concrete values: earlier outputs, the first DB value, a stated placeholder."""
+    from synth.factory.dbvalues import column_values
+    from synth.factory.fields import field_values
+
+    inst, results = runtime.instance(), []
+    try:
+        for step in chain.steps:
+            args = {}
+            for name, b in step.bindings.items():
+                if b.kind == "step":
+                    args[name] = field_values(results[b.step].result, b.field)[0]
+                elif b.kind == "db":
+                    args[name] = column_values(runtime.template.data, b.table, b.column)[0]
+                else:
+                    args[name] = "Ann"
+            results.append(await inst.call(step.tool, args))
+    finally:
+        inst.close()
+    return results
+
+
+def test_sampled_chains_of_the_lending_env_execute() -> None:
+    runtime = EnvRuntime(lending_bundle())
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    chains = sample_chains(graph, db_columns(runtime.template.data), n=20, max_len=3, seed=0)
+    assert len(chains) >= 4
+    for chain in chains:
+        results = asyncio.run(_execute(runtime, chain))
+        assert all(r.ok for r in results), (chain, [r.error for r in results])
