@@ -50,6 +50,9 @@ def graph(
     except EnvfarmError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    except ValueError as exc:  # a malformed --price, or LLM settings pydantic rejects
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     _print(rows, as_json, format_graph_row)
 
 

@@ -159,3 +159,5 @@ def test_cli_graph_without_llm_endpoint_is_a_usage_error(tmp_path, monkeypatch) 
     assert res.exit_code == 2 and "no LLM endpoint" in res.output
     res = _cli("graph", "--out", str(tmp_path), "--env", "no_such_env", "--no-llm")
     assert res.exit_code == 2 and "no environment" in res.output
+    res = _cli("graph", "--out", str(tmp_path), "--llm-replay", str(tmp_path / "r.jsonl"), "--price", "m=cheap")
+    assert res.exit_code == 2 and "error:" in res.output
