@@ -99,9 +99,11 @@ def _print(rows: list[dict[str, Any]], as_json: bool, fmt: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add ``graph`` (with the LLM options of the stage commands) and ``chains`` to ``envfarm synth``."""
-    from synth.cli import llm_option_parameters
+    from synth.cli import LLM_OPTIONS, llm_option_parameters
 
-    own = [p for p in inspect.signature(graph, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
+    # Idempotent: ``python -m synth.cli`` runs this once as __main__ and once on import.
+    own = [p for p in inspect.signature(graph, eval_str=True).parameters.values()
+           if p.kind != p.VAR_KEYWORD and p.name not in LLM_OPTIONS]
     graph.__signature__ = inspect.Signature([*own, *llm_option_parameters()])  # type: ignore[attr-defined]
     app.command("graph")(graph)
     app.command("chains")(chains)
