@@ -57,8 +57,18 @@ def wait_http(url: str, path: str, timeout_s: float = 240.0) -> None:
 
 
 # -- the systems under test ------------------------------------------------------------------
+# The --no-ray process with ``fast_paths=False``: every request through FastAPI / FastMCP, as
+# before the fast paths (envfarm.farm._fastpath), for a before/after ratio in one run.
+_FRAMEWORKS_ONLY = (
+    "import sys; from envfarm.compose import compose_core; "
+    "from envfarm.farm import FarmConfig, PoolConfig, make_server; "
+    "c = FarmConfig(envs=[sys.argv[1]], pool=PoolConfig(warm=int(sys.argv[2])), "
+    "fast_paths=False); make_server(compose_core(c), '127.0.0.1', int(sys.argv[3])).run()")
+
+
 class Farm:
-    """A farm in a subprocess: ``serve --proxy haproxy|python`` or ``serve --no-ray``."""
+    """A farm in a subprocess: ``serve --proxy haproxy|python``, ``serve --no-ray``, or
+    ``frameworks`` (the --no-ray process without the fast paths)."""
 
     def __init__(self, kind: str, warm: int) -> None:
         self.kind = kind
@@ -67,6 +77,8 @@ class Farm:
         args = [PY, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", str(warm),
                 "--port", str(self.port)]
         args += ["--no-ray"] if kind == "no-ray" else ["--proxy", kind, "--num-cpus", "2"]
+        if kind == "frameworks":
+            args = [PY, "-c", _FRAMEWORKS_ONLY, ENV, str(warm), str(self.port)]
         t0 = time.perf_counter()
         self.log = tempfile.NamedTemporaryFile(prefix=f"dataplane-{kind}-", suffix=".log",
                                                delete=False)
@@ -284,7 +296,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds")
     ap.add_argument("--note", default="", help="what else ran on the machine, kept in the JSON")
     ap.add_argument("--awm", type=int, default=4, help="AWM processes")
-    ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run")
+    ap.add_argument("--out", type=Path, default=OUT, help="where the raw JSON goes")
+    ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run "
+                    "(empty: only the --no-ray process, with and without the fast paths)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install -y wrk)")
@@ -296,27 +310,33 @@ def main() -> None:
                    "rounds": args.rounds, "awm_processes": args.awm},
         "rounds": []}
     no_ray = Farm("no-ray", warm=LEASES + 8)
+    frameworks = Farm("frameworks", warm=LEASES + 8)
     awm = AWM(args.awm)
     try:
         for r in range(args.rounds):
-            for mode in args.modes.split(","):
-                farm = Farm(mode, warm=LEASES + 8)
+            for mode in [m for m in args.modes.split(",") if m] or [None]:
+                farm = Farm(mode, warm=LEASES + 8) if mode else None
                 try:
-                    row = {"round": r, "mode": mode, "serve_start_s": round(farm.start_s, 1)}
-                    row["serve"] = measure_farm(farm, args.seconds)
+                    row: dict[str, Any] = {"round": r, "mode": mode}
+                    if farm is not None:
+                        row["serve_start_s"] = round(farm.start_s, 1)
+                        row["serve"] = measure_farm(farm, args.seconds)
                     row["no_ray"] = measure_farm(no_ray, args.seconds)
+                    row["no_ray_frameworks_only"] = measure_farm(frameworks, args.seconds)
                     row["awm"] = measure_awm(awm, args.seconds)
                     row["load_avg"] = os.getloadavg()
                 finally:
-                    farm.stop()
+                    if farm is not None:
+                        farm.stop()
                 res["rounds"].append(row)
                 print(json.dumps(row), flush=True)
     finally:
         no_ray.stop()
+        frameworks.stop()
         awm.stop()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound
 from envfarm.farm._app import build_app
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
 from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
+from envfarm.farm._fastpath import read_body, scope_header
 from envfarm.farm._http import error_response, install_error_handlers
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
@@ -81,5 +82,7 @@ __all__ = [
     "merge_exposition",
     "new_owner_tag",
     "owner_of",
+    "read_body",
+    "scope_header",
     "summarize_status",
 ]

@@ -13,6 +13,7 @@ from fastapi.security import HTTPBearer
 from starlette.routing import Route
 
 from envfarm.farm._core import FarmCore, LeaseRecord
+from envfarm.farm._fastpath import FastCall
 from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
@@ -57,7 +58,7 @@ class Which(str, Enum):
 
 def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
     """The farm's HTTP app. ``manage_core`` starts/stops the core with the app's lifespan."""
-    mcp = LeaseMCP(core)
+    mcp = LeaseMCP(core, fast_path=core.config.fast_paths)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -71,8 +72,11 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     app = FastAPI(title=title, version="1", lifespan=lifespan,
                   description="Lease isolated tool-use environments; see DESIGN.md.")
     install_error_handlers(app)
+    if core.config.fast_paths:
+        app.add_middleware(FastCall, core=core)  # inside BodyLimit: oversized bodies get 413
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
     app.state.core = core
+    app.state.mcp = mcp
 
     def lease_of(request: Request, env: str, lease_id: str) -> LeaseRecord:
         return core.lease(env, lease_id, bearer(request))

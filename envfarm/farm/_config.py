@@ -53,6 +53,9 @@ class FarmConfig(BaseModel):
     verifier_workers: int = Field(default=1, ge=1, le=64,
                                   description="Sandbox worker processes for verifiers.")
     verifier_timeout_s: float = Field(default=10.0, gt=0)
+    fast_paths: bool = Field(default=True, description=(
+        "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
+        "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))
 
     def pool_for(self, env: str) -> PoolConfig:
         return self.pools.get(env, self.pool)

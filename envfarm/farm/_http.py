@@ -115,7 +115,11 @@ class BodyLimit:
 
 def bearer(request: Request) -> str | None:
     """The bearer token of a request, or None."""
-    value = request.headers.get("authorization", "")
+    return bearer_value(request.headers.get("authorization", ""))
+
+
+def bearer_value(value: str) -> str | None:
+    """The token of an ``Authorization`` header value, if it is a bearer one."""
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None

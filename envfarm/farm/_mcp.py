@@ -3,12 +3,13 @@
 One FastMCP server per env carries the env's tools; the lease comes from the request: the
 endpoint checks the lease and its bearer token, puts the lease in the ASGI scope, and the tool
 reads it back from the current HTTP request. Tool calls go through ``FarmCore.call``, so MCP and
-the HTTP API see (and change) the same instance.
+the HTTP API see (and change) the same instance. A plain single ``tools/call`` POST (what an
+agent loop sends once per step) is answered without FastMCP (``envfarm.farm._fastpath``): its
+transport, dispatcher and middleware cost more than the tool itself.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -21,6 +22,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from envfarm.errors import EnvfarmError
 from envfarm.farm._core import FarmCore, LeaseRecord
+from envfarm.farm._fastpath import (
+    mcp_response,
+    mcp_tools_call,
+    read_body,
+    replay,
+    send_json,
+    tool_answer,
+)
 from envfarm.farm._http import bearer, error_response
 from envfarm.models import ToolSpec
 
@@ -34,13 +43,8 @@ class _LeaseTool(Tool):
         scope = get_http_request().scope
         core: FarmCore = scope[_LEASE_KEY + ".core"]
         lease: LeaseRecord = scope[_LEASE_KEY]
-        res = await core.call(lease, self.name, arguments)
-        if res.ok:
-            structured = res.result if isinstance(res.result, dict) else {"result": res.result}
-            return ToolResult(content=json.dumps(res.result, default=str),
-                              structured_content=structured)
-        error = res.error.model_dump() if res.error else {"kind": "env_error", "message": "?"}
-        return ToolResult(content=f"{error['kind']}: {error['message']}", is_error=True)
+        text, structured, is_error = tool_answer(await core.call(lease, self.name, arguments))
+        return ToolResult(content=text, structured_content=structured, is_error=is_error)
 
 
 def _server(env: str, tools: list[ToolSpec]) -> FastMCP:
@@ -54,12 +58,19 @@ def _server(env: str, tools: list[ToolSpec]) -> FastMCP:
 class LeaseMCP:
     """The MCP endpoint of every lease of one farm core (one FastMCP app per env)."""
 
-    def __init__(self, core: FarmCore) -> None:
+    def __init__(self, core: FarmCore, fast_path: bool = True) -> None:
         self.core = core
+        self.fast_path = fast_path
+        self.fast_calls = 0  # tools/call answered without FastMCP (tests, operators)
+        self.tools = {env: {t.name: t for t in runtime.tools}
+                      for env, runtime in core.runtimes.items()}
+        self.server_info: dict[str, dict[str, str]] = {}
         self.apps: dict[str, ASGIApp] = {}
         self._lifespans: list[Any] = []
         for env, runtime in core.runtimes.items():
-            app = _server(env, runtime.tools).http_app(
+            server = _server(env, runtime.tools)
+            self.server_info[env] = {"name": server.name, "version": str(server.version)}
+            app = server.http_app(
                 path="/", stateless_http=True, json_response=True, host_origin_protection=False)
             self.apps[env] = app
             self._lifespans.append(app)
@@ -81,6 +92,17 @@ class LeaseMCP:
         except EnvfarmError as exc:
             await error_response(exc)(scope, receive, send)
             return
+        if self.fast_path and scope["method"] == "POST":
+            body = await read_body(receive)
+            if body is None:
+                return  # the client is gone
+            call = mcp_tools_call(scope, body, self.tools[lease.env])
+            if call is not None:
+                self.fast_calls += 1
+                res = await self.core.call(lease, call.tool, call.arguments)
+                await send_json(send, 200, mcp_response(call, res, self.server_info[lease.env]))
+                return
+            receive = replay(body, receive)
         inner = dict(scope)
         inner[_LEASE_KEY] = lease
         inner[_LEASE_KEY + ".core"] = self.core

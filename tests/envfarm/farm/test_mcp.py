@@ -35,12 +35,18 @@ def wishlists(farm: LocalFarm, info: dict) -> set[str]:
     return {w["name"] for w in r.json()["result"]["wishlists"]}
 
 
+def fast_calls(farm: LocalFarm) -> int:
+    """tools/call answered by the fast path so far (envfarm.farm._fastpath)."""
+    return farm.server.config.app.state.mcp.fast_calls
+
+
 async def test_fastmcp_client_drives_a_lease(farm, lease):
     from fastmcp import Client
     from fastmcp.client.transports import StreamableHttpTransport
 
     transport = StreamableHttpTransport(farm.url + lease["mcp_url"],
                                         headers={"Authorization": f"Bearer {lease['token']}"})
+    fast_before = fast_calls(farm)
     async with Client(transport) as client:
         tools = await client.list_tools()
         assert "create_wishlist" in {t.name for t in tools}
@@ -50,7 +56,10 @@ async def test_fastmcp_client_drives_a_lease(farm, lease):
         bad = await client.call_tool("get_reservation", {"reservation_id": 99999},
                                      raise_on_error=False)
         assert bad.is_error and "agent_error" in bad.content[0].text
+        unknown = await client.call_tool("no_such_tool", {}, raise_on_error=False)
+        assert unknown.is_error  # FastMCP's own answer (not a tool of this env)
     assert "via-fastmcp" in wishlists(farm, lease)
+    assert fast_calls(farm) == fast_before + 2  # both tool calls took the fast path
 
 
 async def test_official_mcp_sdk_drives_a_lease(farm, lease):
@@ -60,6 +69,7 @@ async def test_official_mcp_sdk_drives_a_lease(farm, lease):
 
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {lease['token']}"})
     url = farm.url + lease["mcp_url"]
+    fast_before = fast_calls(farm)
     async with http, streamable_http_client(url, http_client=http) as streams, ClientSession(
             streams[0], streams[1]) as session:
         await session.initialize()
@@ -69,6 +79,7 @@ async def test_official_mcp_sdk_drives_a_lease(farm, lease):
         assert not res.is_error
         assert json.loads(res.content[0].text)["name"] == "via-mcp-sdk"
     assert "via-mcp-sdk" in wishlists(farm, lease)
+    assert fast_calls(farm) == fast_before + 1
 
 
 def test_mcp_endpoint_checks_the_token(farm, lease):
