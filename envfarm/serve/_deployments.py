@@ -42,6 +42,7 @@ from envfarm.farm import (
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
+from envfarm.serve._to_owner import ToOwner
 from envfarm.wire import by_owner
 from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 
@@ -89,7 +90,16 @@ class PoolReplica:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.core = compose_core(FarmConfig.model_validate(config), owner=_owner_tag())
-        self._asgi = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
+        app = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
+        self._pool: Any = None
+        self._asgi = ToOwner(app, self.core.owner, self._own_pool)
+
+    def _own_pool(self) -> Any:
+        """This replica's own deployment, by handle (misrouted requests go on to the owner)."""
+        if self._pool is None:
+            ctx = serve.get_replica_context()
+            self._pool = serve.get_deployment_handle(ctx.deployment, app_name=ctx.app_name)
+        return self._pool
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
         return _FullPath(self._asgi)
@@ -124,7 +134,8 @@ class PoolReplica:
 
     async def whoami(self, owner: str) -> dict[str, Any]:
         """Owner tag and process id of this replica (tests, operators)."""
-        return {"owner": self.core.owner, "pid": os.getpid(), "leases": len(self.core.leases)}
+        return {"owner": self.core.owner, "pid": os.getpid(), "leases": len(self.core.leases),
+                "handed_on": self._asgi.handed_on}
 
     def record_routing_stats(self) -> dict[str, Any]:
         return {"leases": len(self.core.leases)}

@@ -5,7 +5,9 @@ its lease is never served from a fresh state."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -165,14 +167,23 @@ async def test_bad_leases_get_typed_4xx(haproxy_farm, env):
         await c.delete(f"{base}/{info['lease_id']}", headers=_auth(info))
 
 
+def _payees(listed: httpx.Response) -> set[str]:
+    assert listed.status_code == 200 and listed.json()["ok"], listed.text
+    result = listed.json()["result"]
+    rows = result.get("payees", result) if isinstance(result, dict) else result
+    return {p["name"] for p in rows}
+
+
 @pytest.mark.ray
 async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_farm):
     """Send a lease's calls to the replica that does not own it (by index, bypassing owner
-    routing): it answers 410 and touches nothing; the owner still has the lease's state."""
+    routing): it hands them on to the owner, which serves them on the lease's own state. A
+    request already handed on once is answered where it lands: 410 there, state untouched."""
     from ray import serve
 
     from envfarm.serve._deployments import ForwardedRequest
     from envfarm.serve._handles import fresh_call
+    from envfarm.serve._to_owner import FORWARDED
 
     pool = serve.get_deployment_handle("pool", app_name=f"env-{DOORED}")
     who = [await fresh_call(pool.whoami, owner=f"#{i}") for i in range(2)]
@@ -181,67 +192,33 @@ async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_f
     async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60) as c:
         info = (await c.post(f"/envs/{DOORED}/leases", json={})).json()
         path = f"/envs/{DOORED}/leases/{info['lease_id']}"
-        before = await c.post(path + "/call", headers=_auth(info), json={
-            "tool": "get_my_profile"})
-        assert before.status_code == 200 and before.json()["ok"], before.text
+        listing = {"tool": "list_payees"}
+        before = _payees(await c.post(path + "/call", headers=_auth(info), json=listing))
         other = 1 - index[info["lease_id"].split("-")[0]]
         headers = [(b"authorization", f"Bearer {info['token']}".encode()),
                    (b"content-type", b"application/json")]
-        for method, suffix, body in [("POST", "/call", b'{"tool": "get_my_profile"}'),
+
+        async def on_other(method: str, suffix: str, body: bytes, extra=()) -> Any:
+            return await fresh_call(pool.forward, ForwardedRequest(
+                method=method, path=path + suffix, headers=[*headers, *extra], body=body),
+                owner=f"#{other}")
+
+        # Handed on once: a marked request on the non-owner is 410 and changes nothing.
+        marked = [(FORWARDED, b"test")]
+        write = json.dumps({"tool": "create_payee", "arguments": {
+            "name": "forced-write", "payee_type": "business", "account_number": "12345678"}})
+        for method, suffix, body in [("POST", "/call", write.encode()),
                                      ("POST", "/reset", b""), ("GET", "/tools", b""),
                                      ("DELETE", "", b"")]:
-            res = await fresh_call(pool.forward, ForwardedRequest(
-                method=method, path=path + suffix, headers=headers, body=body),
-                owner=f"#{other}")
+            res = await on_other(method, suffix, body, marked)
             assert res.status == 410, (method, suffix, res.body)
-        after = await c.post(path + "/call", headers=_auth(info), json={"tool": "get_my_profile"})
-        assert after.status_code == 200 and after.json()["result"] == before.json()["result"]
+        assert _payees(await c.post(path + "/call", headers=_auth(info), json=listing)) == before
+        # Unmarked: the non-owner hands the write on; it lands on the lease's own state.
+        res = await on_other("POST", "/call", write.encode())
+        assert res.status == 200 and json.loads(res.body)["ok"], res.body
+        after = _payees(await c.post(path + "/call", headers=_auth(info), json=listing))
+        assert after == before | {"forced-write"}
+        handed = (await fresh_call(pool.whoami, owner=f"#{other}"))["handed_on"]
+        assert handed >= 1
         r = await c.delete(path, headers=_auth(info))
         assert r.json()["status"] == "closed"
-
-
-@pytest.mark.ray
-def test_python_proxy_behind_the_flag(tmp_path):
-    """``envfarm serve --proxy python`` (its own process and Ray): the pool is the ingress with
-    LeaseRouter behind Serve's Python proxy; leases and calls work as on HAProxy."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from envfarm.farm import free_port
-    from tests.envfarm.serve.conftest import _only_loopback
-
-    if not _only_loopback():
-        pytest.skip("starts Ray: run inside a private network namespace")
-    port = free_port()
-    log = tmp_path / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
-    env["PYTHONUNBUFFERED"] = "1"  # the start-up line names the ingress
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "envfarm.cli", "serve", "--proxy",
-                                 "python", "--envs", FAST, "--warm", "2", "--port", str(port),
-                                 "--num-cpus", "2"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while (time.monotonic() < deadline and proc.poll() is None
-               and "listening on" not in log.read_text()):
-            time.sleep(0.5)
-        assert "(python ingress)" in log.read_text(), log.read_text()[-2000:]
-        info = httpx.post(f"{url}/envs/{FAST}/leases", json={}, timeout=30).json()
-        r = httpx.post(f"{url}/envs/{FAST}/leases/{info['lease_id']}/call", headers=_auth(info),
-                       json={"tool": "get_my_profile"}, timeout=30)
-        assert r.status_code == 200 and r.json()["ok"], r.text
-        r = httpx.post(f"{url}/envs/{FAST}/leases/{_foreign(info['lease_id'])}/call",
-                       headers=_auth(info), json={"tool": "get_my_profile"}, timeout=30)
-        assert r.status_code == 410
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started
-            proc.wait()
