@@ -192,7 +192,8 @@ def mcp_tools_call(scope: Scope, body: bytes, tools: dict[str, ToolSpec]) -> MCP
     rid, params = msg["id"], msg["params"]
     if isinstance(rid, bool) or not isinstance(rid, int | str) or not isinstance(params, dict):
         return None
-    spec = tools.get(params.get("name"))  # type: ignore[arg-type]
+    name = params.get("name")
+    spec = tools.get(name) if isinstance(name, str) else None
     if spec is None or not params.keys() <= _MCP_PARAMS:
         return None
     meta, arguments = params.get("_meta", {}), params.get("arguments", {})

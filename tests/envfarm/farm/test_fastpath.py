@@ -68,6 +68,7 @@ async def test_mcp_tools_call_matches_fastmcp(pair, body):
 
 @pytest.mark.parametrize("body", [
     tools_call("no_such_tool", {}),  # FastMCP's own "Unknown tool" answer
+    tools_call(["get_my_profile"], {}),  # a name that is not a string
     tools_call("get_my_profile", [1, 2]),  # arguments not an object: FastMCP's error
     tools_call("get_my_profile", {}, rid=None),  # a notification-like id
     tools_call("get_my_profile", {}, _meta={"io.modelcontextprotocol/protocolVersion": "x"}),
