@@ -1,4 +1,4 @@
-"""``envfarm synth graph`` and ``envfarm synth chains`` (EnvFactory's first two stages)."""
+"""``envfarm synth graph|chains|queries|export`` (EnvFactory's stages)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,42 @@ def chains(
     _print(rows, as_json, format_chains_row)
 
 
+def queries(
+    catalog: Path = _CATALOG,
+    out: Path = _OUT,
+    env: list[str] = _ENV,
+    seed: int = typer.Option(0, help="seed of the concrete argument values (same seed, same episodes)"),
+    limit: int = typer.Option(0, min=0, help="at most this many new episodes per env (0: all chains)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
+    **llm_options: Any,
+) -> None:
+    """Execute each sampled chain, have the LLM write its request, gate it into OUT/factory/ENV/episodes.jsonl."""
+    from envfarm.llm import LLMClient
+    from judge import VerifierSandbox  # verifier code runs only in the judge's sandbox
+    from synth.cli import llm_config
+    from synth.factory.queries import format_queries_row, queries_catalog
+
+    try:
+        llm = LLMClient(llm_config(out, **llm_options))
+
+        async def main() -> list[dict[str, Any]]:
+            try:
+                with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
+                    return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, envs=env or None,
+                                                 seed=seed, limit=limit or None)
+            finally:
+                await llm.aclose()
+
+        rows = asyncio.run(main())
+    except EnvfarmError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    except ValueError as exc:  # a malformed --price, or LLM settings pydantic rejects
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _print(rows, as_json, format_queries_row)
+
+
 def _embedder(kind: str) -> Any:
     from envfarm.errors import SynthesisError
     from synth.embed import MiniLMEmbedder, local_model_available
@@ -98,12 +134,15 @@ def _print(rows: list[dict[str, Any]], as_json: bool, fmt: Any) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``graph`` (with the LLM options of the stage commands) and ``chains`` to ``envfarm synth``."""
+    """Add ``graph`` and ``queries`` (with the LLM options of the stage commands), ``chains`` and
+    ``export`` to ``envfarm synth``."""
     from synth.cli import LLM_OPTIONS, llm_option_parameters
 
     # Idempotent: ``python -m synth.cli`` runs this once as __main__ and once on import.
-    own = [p for p in inspect.signature(graph, eval_str=True).parameters.values()
-           if p.kind != p.VAR_KEYWORD and p.name not in LLM_OPTIONS]
-    graph.__signature__ = inspect.Signature([*own, *llm_option_parameters()])  # type: ignore[attr-defined]
+    for command in (graph, queries):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+               if p.kind != p.VAR_KEYWORD and p.name not in LLM_OPTIONS]
+        command.__signature__ = inspect.Signature([*own, *llm_option_parameters()])  # type: ignore[attr-defined]
     app.command("graph")(graph)
     app.command("chains")(chains)
+    app.command("queries")(queries)

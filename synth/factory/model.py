@@ -106,3 +106,6 @@ class Episode(BaseModel):
     final_answer: str | None = None
     accepted: bool = False
     reason: str = ""               # why rejected, for the report
+    detail: str = ""               # the failing call, gate problem or leak behind ``reason``
+    #: LLM usage of writing this episode's request (prompt_tokens, completion_tokens, cost_usd)
+    usage: dict[str, float] = Field(default_factory=dict)

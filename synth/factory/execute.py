@@ -1,0 +1,129 @@
+"""Running a sampled chain with concrete arguments on a fresh instance, and what it changed.
+
+Values are deterministic under a seed: a ``db`` binding picks one of the column's values, a
+``step`` binding one of the values the earlier call returned at that field, a ``task`` binding a
+value of a same-named column of the initial database (what a user would say: a name, a city),
+else the schema's example. A chain is kept only when every call succeeds and it did something:
+the final database differs from the initial one, or the last call returned data.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from envfarm.check import example_arguments
+from envfarm.runtime import EnvRuntime
+from envfarm.template import open_memory_db
+from synth.factory.dbvalues import DbColumns, column_values, db_source
+from synth.factory.fields import field_values
+from synth.factory.model import Call, Chain
+
+#: Why a chain is dropped before any LLM call (keys of the report's drop counts).
+DROP_UNKNOWN_TOOL = "unknown_tool"
+DROP_NO_VALUE = "no_value"          # a binding had no concrete value (empty column or field)
+DROP_CALL_FAILED = "call_failed"
+DROP_NO_EFFECT = "no_effect"        # nothing changed and the last call returned nothing
+
+
+@dataclass
+class Executed:
+    chain: Chain
+    calls: list[Call] = field(default_factory=list)
+    final: bytes = b""
+    changed: bool = False
+    #: parameter -> value the user states (``task`` bindings), for the query prompt
+    stated: dict[str, Any] = field(default_factory=dict)
+    drop: str = ""                  # "" when the chain is kept
+    detail: str = ""
+
+
+async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0) -> Executed:
+    """Run ``chain`` on a fresh instance of ``runtime``; never raises for a bad chain."""
+    rng = random.Random(f"{seed}:{chain.chain_id}")
+    tools = {t.name: t for t in runtime.tools}
+    out = Executed(chain=chain)
+    data = runtime.template.data
+    inst = runtime.instance()
+    try:
+        for i, step in enumerate(chain.steps):
+            tool = tools.get(step.tool)
+            if tool is None:
+                out.drop, out.detail = DROP_UNKNOWN_TOOL, f"step {i}: the env has no tool {step.tool}"
+                return out
+            args: dict[str, Any] = {}
+            for name, b in step.bindings.items():
+                if b.kind == "step":
+                    options = field_values(out.calls[b.step].result, b.field or "") if b.step is not None else []
+                elif b.kind == "db":
+                    options = column_values(data, b.table or "", b.column or "")
+                else:
+                    where = db_source(name, columns)
+                    options = column_values(data, *where) if where else []
+                    options = options or [example_arguments(tool).get(name)]
+                options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
+                if not options:
+                    out.drop, out.detail = DROP_NO_VALUE, f"step {i} {step.tool}: no value for {name}"
+                    return out
+                args[name] = rng.choice(options)
+                if b.kind == "task":
+                    out.stated[name] = args[name]
+            res = await inst.call(step.tool, args)
+            out.calls.append(Call(tool=step.tool, arguments=args, ok=res.ok,
+                                  result=res.result if res.ok else res.error.model_dump()))
+            if not res.ok:
+                out.drop = DROP_CALL_FAILED
+                out.detail = f"step {i} {step.tool}: {res.error.message}"[:300]
+                return out
+        out.final = inst.snapshot()
+    finally:
+        inst.close()
+    out.changed = out.final != data
+    if not out.changed and not has_data(out.calls[-1].result):
+        out.drop, out.detail = DROP_NO_EFFECT, "the database is unchanged and the last call returned nothing"
+    return out
+
+
+def has_data(value: Any) -> bool:
+    """A non-empty answer: some scalar that is not None/""."""
+    if isinstance(value, dict):
+        return any(has_data(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_data(v) for v in value)
+    return value is not None and value != ""
+
+
+def table_rows(data: bytes) -> dict[str, dict[int, dict[str, Any]]]:
+    """table -> rowid -> row of a serialized database (tables without rowid are skipped)."""
+    conn = open_memory_db(False)
+    try:
+        conn.deserialize(data)
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        for table in tables:
+            try:
+                cur = conn.execute(f'SELECT rowid AS "__rowid", * FROM "{table}"')
+            except sqlite3.Error:
+                continue
+            cols = [d[0] for d in cur.description]
+            out[table] = {row[0]: dict(zip(cols[1:], row[1:], strict=True)) for row in cur.fetchall()}
+        return out
+    finally:
+        conn.close()
+
+
+def diff_rows(initial: bytes, final: bytes) -> dict[str, dict[str, Any]]:
+    """What changed per table: ``added`` rows, ``changed`` (rowid, old, new), ``deleted`` rows."""
+    before, after = table_rows(initial), table_rows(final)
+    out: dict[str, dict[str, Any]] = {}
+    for table in sorted(set(before) | set(after)):
+        b, a = before.get(table, {}), after.get(table, {})
+        added = [a[k] for k in sorted(set(a) - set(b))]
+        deleted = [b[k] for k in sorted(set(b) - set(a))]
+        changed = [(k, b[k], a[k]) for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+        if added or deleted or changed:
+            out[table] = {"added": added, "deleted": deleted, "changed": changed}
+    return out

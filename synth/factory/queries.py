@@ -1,0 +1,118 @@
+"""``synth queries``: execute each sampled chain, write its request, gate it, store the episode.
+
+One record per chain in ``<out>/factory/<env>/episodes.jsonl`` (accepted or with the reason it was
+dropped), appended and fsync'd as soon as it is decided, keyed by ``chain_id``: a killed run
+resumes where it stopped and never writes a chain twice. The acceptance gate is synth's
+(``envfarm.check.check_solution``): the recorded calls replayed on a fresh instance pass the
+verifier in the judge's sandbox, and a no-op does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from envfarm.check import check_solution
+from envfarm.models import ToolCall
+from envfarm.runtime import EnvRuntime
+from synth._jsonl import JsonlStore, read_jsonl
+from synth._probe import load_runtime
+from synth.factory.dbvalues import db_columns
+from synth.factory.execute import DROP_CALL_FAILED, DROP_NO_VALUE, Executed, diff_rows, execute_chain
+from synth.factory.graph import factory_dir
+from synth.factory.model import Chain, Episode
+from synth.factory.querygen import QueryStats, write_query
+from synth.factory.run import CHAINS_FILE, _envs
+from synth.factory.verifier import checks_something, expected_state, key_value, verifier_code, volatile_columns
+
+EPISODES_FILE = "episodes.jsonl"
+DROP_NO_KEY_VALUE = "no_key_value"      # a read-only chain whose answer has nothing to state
+DROP_NOTHING_STABLE = "nothing_stable"  # every changed column differs run to run
+DROP_GATE = "gate"
+
+
+def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Episode:
+    return Episode(env=ex.chain.env, chain_id=ex.chain.chain_id, calls=ex.calls, messages=kw.pop("messages", []),
+                   verifier_code=kw.pop("verifier_code", ""), reason=reason, detail=detail, **kw)
+
+
+async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
+                       seed: int = 0, tries: int = 3) -> Episode:
+    """One chain through execution, QueryGen and the gate; a rejected episode says why.
+
+    A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
+    all): a cancelled reservation cannot be cancelled, another one can.
+    """
+    for attempt in range(tries):
+        ex = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}")
+        if ex.drop not in (DROP_CALL_FAILED, DROP_NO_VALUE):
+            break
+    if ex.drop:
+        return _episode(ex, ex.drop, ex.detail)
+    answer = None
+    if ex.changed:
+        again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}")
+        first = diff_rows(runtime.template.data, ex.final)
+        volatile = volatile_columns(first, diff_rows(runtime.template.data, again.final)) if not again.drop else set()
+        expected = expected_state(first, volatile)
+    else:
+        answer = key_value(ex.calls[-1].result)
+        if answer is None:
+            return _episode(ex, DROP_NO_KEY_VALUE, "the last call returned no value a user would ask for")
+        expected = {"tables": {}, "answer": answer[1]}
+    if not checks_something(expected):
+        return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs")
+    code = verifier_code(expected)
+    final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
+    stats = QueryStats()
+    messages, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
+    usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
+    if messages is None:
+        return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer)
+    calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
+    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer)
+    episode = _episode(ex, usage=usage, messages=messages, verifier_code=code, final_answer=final_answer)
+    if check.solvable:
+        episode.accepted = True
+    else:
+        episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
+    return episode
+
+
+async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any,
+                          envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
+                          tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Episodes for every chain of every env not done yet; one summary row per env."""
+    catalog, names = _envs(catalog_path, envs)
+    rows = []
+    for name in names:
+        folder = factory_dir(out, name)
+        chains = [Chain.model_validate(r) for r in read_jsonl(folder / CHAINS_FILE)]
+        if not chains:
+            rows.append({"env": name, "error": f"no chains at {folder / CHAINS_FILE}: run `envfarm synth chains` first"})
+            continue
+        runtime, why = load_runtime(catalog[name], tool_timeout_s)
+        if runtime is None:
+            rows.append({"env": name, "error": why})
+            continue
+        columns = db_columns(runtime.template.data)
+        store = JsonlStore(folder / EPISODES_FILE, lambda r: r["chain_id"])
+        added = 0
+        for chain in chains:
+            if limit is not None and added >= limit:
+                break
+            if chain.chain_id in store:
+                continue  # done in an earlier (maybe killed) run
+            episode = await make_episode(runtime, chain, columns, llm, sandbox, seed)
+            added += store.append_once(episode.model_dump(mode="json"))
+        episodes = list(store)
+        rows.append({"env": name, "chains": len(chains), "new": added, "episodes": len(episodes),
+                     "accepted": sum(bool(e.get("accepted")) for e in episodes)})
+    return rows
+
+
+def format_queries_row(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['env']}: skipped: {row['error']}"
+    return (f"{row['env']}: {row['new']} new episodes, {row['accepted']} accepted of {row['episodes']} "
+            f"from {row['chains']} chains")

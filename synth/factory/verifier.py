@@ -1,0 +1,137 @@
+"""AWM code-mode verifiers templated from an executed chain's end state.
+
+A chain that wrote checks the rows it changed: each added row exists in the final database more
+often than in the initial one (matched on its stable columns), each changed row has its new
+values and each deleted row is gone. A read-only chain checks that the final answer contains the
+key value the last call returned. Columns whose values differ between two executions of the same
+chain (timestamps, random codes) or that are named like timestamps are left out, so a replay at
+another time still passes. The code runs only in the judge's sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from synth.factory.fields import field_values, value_fields
+
+_VOLATILE_NAME = re.compile(r"(_at|_on|time|timestamp|created|updated|token|uuid)$", re.I)
+
+_TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: str | None = None) -> dict:
+    import sqlite3
+
+    EXPECTED = {expected!r}
+
+    def rows(path, table):
+        try:
+            conn = sqlite3.connect(f"file:{{path}}?mode=ro", uri=True)
+            cur = conn.execute(f'SELECT rowid AS "__rowid", * FROM "{{table}}"')
+            names = [d[0] for d in cur.description]
+            out = [dict(zip(names, r)) for r in cur.fetchall()]
+            conn.close()
+            return out
+        except Exception:
+            return []
+
+    def matches(row, want):
+        return all(row.get(k) == v for k, v in want.items())
+
+    for table, spec in EXPECTED.get("tables", {{}}).items():
+        before, after = rows(initial_db_path, table), rows(final_db_path, table)
+        for want in spec.get("added", []):
+            new = sum(matches(r, want) for r in after) - sum(matches(r, want) for r in before)
+            if new < 1:
+                return {{"result": "others", "reason": f"no new {{table}} row like {{want}}"}}
+        by_id = {{r["__rowid"]: r for r in after}}
+        for rowid, want in spec.get("changed", []):
+            if rowid not in by_id or not matches(by_id[rowid], want):
+                return {{"result": "others", "reason": f"{{table}} row {{rowid}} lacks {{want}}"}}
+        for rowid in spec.get("deleted", []):
+            if rowid in by_id:
+                return {{"result": "others", "reason": f"{{table}} row {{rowid}} still there"}}
+    answer = EXPECTED.get("answer")
+    if answer is not None:
+        if not final_answer or str(answer).lower() not in str(final_answer).lower():
+            return {{"result": "others", "reason": "the final answer lacks the requested value"}}
+    return {{"result": "complete"}}
+'''
+
+
+def volatile_columns(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> set[tuple[str, str]]:
+    """(table, column) whose values differ between two executions' diffs of the same chain."""
+    out: set[tuple[str, str]] = set()
+    for table in set(a) | set(b):
+        da, db = a.get(table, {}), b.get(table, {})
+        rows_a = da.get("added", []) + [new for _, _, new in da.get("changed", [])]
+        rows_b = db.get("added", []) + [new for _, _, new in db.get("changed", [])]
+        if len(rows_a) != len(rows_b):
+            continue
+        for ra, rb in zip(rows_a, rows_b, strict=True):
+            out |= {(table, c) for c in set(ra) | set(rb) if ra.get(c) != rb.get(c)}
+    return out
+
+
+def _stable(table: str, row: dict[str, Any], volatile: set[tuple[str, str]], *, keep_id: bool) -> dict[str, Any]:
+    return {c: v for c, v in row.items()
+            if (table, c) not in volatile and not _VOLATILE_NAME.search(c) and (keep_id or c != "id")
+            and (v is None or isinstance(v, (str, int, float, bool)))}
+
+
+def expected_state(diff: dict[str, dict[str, Any]], volatile: set[tuple[str, str]]) -> dict[str, Any]:
+    """The verifier's EXPECTED of a writing chain: per table the rows to find, change or miss."""
+    tables: dict[str, Any] = {}
+    for table, d in diff.items():
+        spec: dict[str, Any] = {}
+        added = [_stable(table, r, volatile, keep_id=False) for r in d["added"]]
+        if added:
+            spec["added"] = added
+        changed = []
+        for rowid, old, new in d["changed"]:
+            want = {c: v for c, v in _stable(table, new, volatile, keep_id=True).items() if old.get(c) != v}
+            if want:
+                changed.append((rowid, want))
+        if changed:
+            spec["changed"] = changed
+        if d["deleted"]:
+            spec["deleted"] = [r.get("__rowid", r.get("id")) for r in d["deleted"]]
+        if spec:
+            tables[table] = spec
+    return {"tables": tables}
+
+
+def key_value(result: Any) -> tuple[str, Any] | None:
+    """(field, value) a read-only chain's answer must state: a name-like text field first (the
+    first item's, for lists), then a number that is not an id; None when the answer has neither."""
+    best: list[tuple[int, str, Any]] = []
+    for f in value_fields(result):
+        values = field_values(result, f.path)
+        if not values or isinstance(values[0], (dict, list, bool)):
+            continue
+        leaf = f.path.rsplit(".", 1)[-1].strip("[]")
+        value = values[0]
+        if leaf == "id" or leaf.endswith("_id"):
+            continue
+        if isinstance(value, str) and len(value.strip()) >= 2:
+            rank = 0 if leaf in ("name", "title", "full_name", "display_name") else 1
+        elif isinstance(value, (int, float)):
+            rank = 2
+        else:
+            continue
+        best.append((rank, f.path, value))
+    if not best:
+        return None
+    _, path, value = min(best, key=lambda t: t[0])
+    return path, value
+
+
+def verifier_code(expected: dict[str, Any]) -> str:
+    """``verify_task_completion`` checking ``expected`` (see :func:`expected_state`)."""
+    return _TEMPLATE.format(expected=expected)
+
+
+def checks_something(expected: dict[str, Any]) -> bool:
+    """False when nothing stable is left to check (every changed column was volatile)."""
+    if expected.get("answer") is not None:
+        return True
+    return any(spec.get("added") or spec.get("changed") or spec.get("deleted")
+               for spec in expected.get("tables", {}).values())
