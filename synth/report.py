@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from synth._jsonl import read_jsonl
 from synth.config import FILES, STAGES
+from synth.factory.report import factory_rows, render_factory
 
 
 class StageReport(BaseModel):
@@ -142,9 +143,10 @@ def render_tables(out_dir: Path) -> str:
         if unverified:
             lines.append(f"\n{unverified} task(s) unverified: the acceptance gate was skipped (--no-gate); "
                          "they are not counted as solvable.")
-    return "\n".join(lines)
+    return "\n".join(lines + render_factory(factory_rows(out_dir)))
 
 
 def report_json(out_dir: Path) -> str:
     """Both tables as JSON."""
-    return json.dumps({"table1": table1(out_dir), "table2": table2(out_dir)}, indent=2)
+    return json.dumps({"table1": table1(out_dir), "table2": table2(out_dir), "factory": factory_rows(out_dir)},
+                      indent=2)

@@ -1,5 +1,11 @@
 """Load environment catalogs from folders of AWM JSONL files."""
 
-from envfarm.catalog._loader import BUNDLED_CATALOG, Catalog, load_catalog, normalize_name
+from envfarm.catalog._loader import (
+    AWM_FILES,
+    BUNDLED_CATALOG,
+    Catalog,
+    load_catalog,
+    normalize_name,
+)
 
-__all__ = ["BUNDLED_CATALOG", "Catalog", "load_catalog", "normalize_name"]
+__all__ = ["AWM_FILES", "BUNDLED_CATALOG", "Catalog", "load_catalog", "normalize_name"]

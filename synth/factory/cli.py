@@ -112,6 +112,23 @@ def queries(
     _print(rows, as_json, format_queries_row)
 
 
+def export(
+    catalog: Path = _CATALOG,
+    out: Path = _OUT,
+    env: list[str] = _ENV,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
+) -> None:
+    """Accepted episodes as catalog tasks (OUT/factory_catalog/ENV) and SFT JSONL (OUT/factory_sft)."""
+    from synth.factory.export import export_catalog, format_export_row
+
+    try:
+        rows = export_catalog(catalog, out, envs=env or None)
+    except EnvfarmError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    _print(rows, as_json, format_export_row)
+
+
 def _embedder(kind: str) -> Any:
     from envfarm.errors import SynthesisError
     from synth.embed import MiniLMEmbedder, local_model_available
@@ -146,3 +163,4 @@ def register(app: typer.Typer) -> None:
     app.command("graph")(graph)
     app.command("chains")(chains)
     app.command("queries")(queries)
+    app.command("export")(export)

@@ -18,12 +18,24 @@ from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
 from synth.factory.dbvalues import db_columns
-from synth.factory.execute import DROP_CALL_FAILED, DROP_NO_VALUE, Executed, diff_rows, execute_chain
+from synth.factory.execute import (
+    DROP_CALL_FAILED,
+    DROP_NO_VALUE,
+    Executed,
+    diff_rows,
+    execute_chain,
+)
 from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode
 from synth.factory.querygen import QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, _envs
-from synth.factory.verifier import checks_something, expected_state, key_value, verifier_code, volatile_columns
+from synth.factory.verifier import (
+    checks_something,
+    expected_state,
+    key_value,
+    verifier_code,
+    volatile_columns,
+)
 
 EPISODES_FILE = "episodes.jsonl"
 DROP_NO_KEY_VALUE = "no_key_value"      # a read-only chain whose answer has nothing to state
@@ -37,7 +49,7 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 
 async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                       seed: int = 0, tries: int = 3) -> Episode:
+                       seed: int = 0, tries: int = 5) -> Episode:
     """One chain through execution, QueryGen and the gate; a rejected episode says why.
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in

@@ -86,11 +86,11 @@ def leak(messages: list[str], tools: list[str], ids: set[str]) -> str | None:
     """"names_tool" / "names_id" when the request gives away a tool or a raw id, else None."""
     text = " ".join(messages)
     for tool in tools:
-        if re.search(rf"\b{re.escape(tool)}\b", text, re.I):
+        if re.search(rf"\b{re.escape(tool)}\b", text, re.IGNORECASE):
             return "names_tool"
     for value in ids:
         near = rf"(?:\bid\b|#|\bnumber\b|\bno\.)\s*:?\s*{re.escape(value)}\b"
-        if re.search(near, text, re.I) or (len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text)):
+        if re.search(near, text, re.IGNORECASE) or (len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text)):
             return "names_id"
     return None
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from synth.factory.fields import field_values, value_fields
 
-_VOLATILE_NAME = re.compile(r"(_at|_on|time|timestamp|created|updated|token|uuid)$", re.I)
+_VOLATILE_NAME = re.compile(r"(_at|_on|time|timestamp|created|updated|token|uuid)$", re.IGNORECASE)
 
 _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: str | None = None) -> dict:
     import sqlite3

@@ -1,0 +1,41 @@
+"""A run folder with a bundled env's tool graph and sampled chains, and QueryGen's scripted answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from envfarm import EnvRuntime, load_catalog
+from synth._jsonl import JsonlStore
+from synth.factory.chains import sample_chains
+from synth.factory.dbvalues import db_columns
+from synth.factory.graph import build_graph, factory_dir, save_graph
+from synth.factory.run import CHAINS_FILE
+from tests.fakes.mock_openai import MockOpenAI
+
+ENV = "hotel_booking_1"
+#: a request that names no tool and no id (QueryGen's answer in the offline tests)
+GOOD = json.dumps({"messages": ["I'd like to sort out my trip plans in my account, please.",
+                                "And tell me when that's done."]})
+
+
+def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
+    """Graph (names only, no LLM) and ``n`` chains of ``ENV`` under ``out``; the chains."""
+    runtime = EnvRuntime(load_catalog()[ENV])
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    save_graph(graph, out)
+    chains = sample_chains(graph, db_columns(runtime.template.data), n=n, max_len=3, seed=seed)
+    store = JsonlStore(factory_dir(out, ENV) / CHAINS_FILE, lambda r: r["chain_id"])
+    for c in chains:
+        store.append_once(c.model_dump(mode="json"))
+    return chains
+
+
+def script_queries(mock: MockOpenAI, answer: str = GOOD) -> None:
+    mock.script(answer, stage="queries", repeat=True)
+
+
+def queries_args(mock: MockOpenAI, out: Path) -> list[str]:
+    return ["queries", "--out", str(out), "--env", ENV, "--llm-base-url", mock.url, "--llm-model", "mock",
+            "--no-cache"]

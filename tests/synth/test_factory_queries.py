@@ -1,0 +1,156 @@
+"""QueryGen: executed chains, LLM-written requests, templated verifiers, synth's gate, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from envfarm import EnvRuntime
+from envfarm.llm import LLMClient, LLMConfig
+from judge import VerifierSandbox
+from synth._jsonl import read_jsonl
+from synth.factory.dbvalues import db_columns
+from synth.factory.execute import DROP_CALL_FAILED
+from synth.factory.graph import build_graph, factory_dir
+from synth.factory.model import Binding, Chain, Step
+from synth.factory.queries import EPISODES_FILE, make_episode
+from tests.fakes.mock_openai import MockOpenAI
+from tests.synth.factory_env import lending_bundle
+from tests.synth.factory_run import ENV, GOOD, prepare_run, queries_args, script_queries
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with VerifierSandbox(workers=2, timeout_s=10.0) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="module")
+def lending():
+    from synth.factory.chains import sample_chains
+
+    runtime = EnvRuntime(lending_bundle())
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    columns = db_columns(runtime.template.data)
+    return runtime, columns, sample_chains(graph, columns, n=10, max_len=3, seed=0)
+
+
+async def _episodes(runtime, columns, chains, mock, sandbox):
+    async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
+        return [await make_episode(runtime, c, columns, llm, sandbox) for c in chains]
+
+
+def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending
+    script_queries(mock_openai)
+    eps = asyncio.run(_episodes(runtime, columns, chains, mock_openai, sandbox))
+    accepted = [e for e in eps if e.accepted]
+    assert len(accepted) >= 5, [(e.reason, e.detail) for e in eps]
+    writes = [e for e in accepted if e.final_answer is None]
+    reads = [e for e in accepted if e.final_answer is not None]
+    assert writes and reads
+    for e in accepted:
+        assert e.messages == json.loads(GOOD)["messages"] and all(c.ok for c in e.calls)
+        assert e.usage["prompt_tokens"] > 0
+    initial = runtime.template.data
+
+    async def verdicts(e, final_answer):
+        return (await sandbox.run(e.verifier_code, initial, initial, final_answer, mode="code")).result["result"]
+
+    # a no-op fails every verifier; a read-only one also fails with an answer lacking the value
+    assert all(asyncio.run(verdicts(e, None)) == "others" for e in accepted)
+    assert all(asyncio.run(verdicts(e, "I could not find it.")) == "others" for e in reads)
+    assert all(asyncio.run(verdicts(e, e.final_answer)) == "complete" for e in reads)
+
+
+def test_failing_chain_is_dropped_before_any_llm_call(lending, mock_openai, sandbox) -> None:
+    runtime, columns, _ = lending
+    chain = Chain(env="lending_1", chain_id="failing", steps=[
+        Step(tool="list_books"), Step(tool="yearly_report", bindings={"year": Binding(kind="task")})])
+    (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
+    assert not ep.accepted and ep.reason == DROP_CALL_FAILED and "yearly_report" in ep.detail
+    assert mock_openai.requests == []
+
+
+def test_malformed_answer_is_retried_then_counted(lending, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending
+    mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', GOOD, stage="queries")
+    first, second = asyncio.run(_episodes(runtime, columns, chains[:2], mock_openai, sandbox))
+    assert not first.accepted and first.reason == "malformed" and first.verifier_code
+    assert second.reason != "malformed"  # the third answer was bad, the retry good
+    assert len(mock_openai.requests) == 4
+
+
+def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending
+    lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
+    mock_openai.script(json.dumps({"messages": ["Please run return_loan on my loan."]}),
+                       json.dumps({"messages": ["Please return loan #2 for me."]}), stage="queries")
+    named, numbered = asyncio.run(_episodes(runtime, columns, [lend, lend], mock_openai, sandbox))
+    assert (named.reason, numbered.reason) == ("names_tool", "names_id")
+    assert not named.accepted and not numbered.accepted
+
+
+def test_cli_queries_on_a_bundled_env_and_report(tmp_path, mock_openai) -> None:
+    from synth.cli import app
+
+    chains = prepare_run(tmp_path, n=8)
+    script_queries(mock_openai)
+    run = CliRunner()
+    res = run.invoke(app, queries_args(mock_openai, tmp_path), catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    eps = read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)
+    assert sorted(e["chain_id"] for e in eps) == sorted(c.chain_id for c in chains)
+    accepted = [e for e in eps if e["accepted"]]
+    assert accepted and f"{len(accepted)} accepted of 8" in res.output
+    assert all(e["reason"] for e in eps if not e["accepted"])
+    res = run.invoke(app, queries_args(mock_openai, tmp_path), catch_exceptions=False)
+    assert "0 new episodes" in res.output and len(read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)) == 8
+    report = run.invoke(app, ["report", "--out", str(tmp_path), "--json"], catch_exceptions=False)
+    (row,) = json.loads(report.output)["factory"]
+    assert row["chains"] == row["processed"] == 8 and row["accepted"] == len(accepted)
+    assert row["executable"] >= row["accepted"] and sum(row["drops"].values()) == 8 - len(accepted)
+    assert row["tokens"] > 0 and row["kept_edges"] > 0
+    assert "Table 3 - EnvFactory" in run.invoke(app, ["report", "--out", str(tmp_path)]).output
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
+    chains = prepare_run(tmp_path, n=10)
+    path = factory_dir(tmp_path, ENV) / EPISODES_FILE
+    with MockOpenAI(latency_s=0.1) as mock:
+        script_queries(mock)
+        cmd = [sys.executable, "-m", "synth.cli", *queries_args(mock, tmp_path)]
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while len(read_jsonl(path)) < 2:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "no progress"
+                time.sleep(0.005)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            proc.stderr.close()
+        killed_at = len(read_jsonl(path))
+        assert killed_at < 10  # really interrupted
+        final = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert final.returncode == 0, final.stderr[-3000:]
+    eps = read_jsonl(path)
+    assert len(path.read_text().splitlines()) == len(eps) == 10
+    assert sorted(e["chain_id"] for e in eps) == sorted(c.chain_id for c in chains)
+    assert f"{10 - killed_at} new episodes" in final.stdout
