@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def graph(
     from synth.cli import llm_config
     from synth.factory.run import format_graph_row, graph_catalog
 
-    try:
+    def work() -> list[dict[str, Any]]:
         emb = _embedder(embedder)
         llm = None if no_llm else LLMClient(llm_config(out, **llm_options))
 
@@ -46,14 +47,9 @@ def graph(
                 if llm is not None:
                     await llm.aclose()
 
-        rows = asyncio.run(main())
-    except EnvfarmError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-    except ValueError as exc:  # a malformed --price, or LLM settings pydantic rejects
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    _print(rows, as_json, format_graph_row)
+        return asyncio.run(main())
+
+    _print(_usage_errors(work), as_json, format_graph_row)
 
 
 def chains(
@@ -68,11 +64,7 @@ def chains(
     """Sample executable tool chains along each env's graph into OUT/factory/ENV/chains.jsonl."""
     from synth.factory.run import chains_catalog, format_chains_row
 
-    try:
-        rows = chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed)
-    except EnvfarmError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
+    rows = _usage_errors(lambda: chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed))
     _print(rows, as_json, format_chains_row)
 
 
@@ -91,7 +83,7 @@ def queries(
     from synth.cli import llm_config
     from synth.factory.queries import format_queries_row, queries_catalog
 
-    try:
+    def work() -> list[dict[str, Any]]:
         llm = LLMClient(llm_config(out, **llm_options))
 
         async def main() -> list[dict[str, Any]]:
@@ -102,14 +94,9 @@ def queries(
             finally:
                 await llm.aclose()
 
-        rows = asyncio.run(main())
-    except EnvfarmError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-    except ValueError as exc:  # a malformed --price, or LLM settings pydantic rejects
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    _print(rows, as_json, format_queries_row)
+        return asyncio.run(main())
+
+    _print(_usage_errors(work), as_json, format_queries_row)
 
 
 def export(
@@ -121,12 +108,19 @@ def export(
     """Accepted episodes as catalog tasks (OUT/factory_catalog/ENV) and SFT JSONL (OUT/factory_sft)."""
     from synth.factory.export import export_catalog, format_export_row
 
+    _print(_usage_errors(lambda: export_catalog(catalog, out, envs=env or None)), as_json, format_export_row)
+
+
+def _usage_errors(work: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """``work()``'s rows; a bad catalog, a malformed --price or LLM setting is a usage error (exit 2)."""
     try:
-        rows = export_catalog(catalog, out, envs=env or None)
+        return work()
     except EnvfarmError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
-    _print(rows, as_json, format_export_row)
+    except ValueError as exc:  # a malformed --price, or LLM settings pydantic rejects
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _embedder(kind: str) -> Any:

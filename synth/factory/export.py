@@ -18,13 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envfarm.catalog import AWM_FILES, load_catalog, normalize_name
+from envfarm.catalog import AWM_FILES, normalize_name
 from envfarm.models import ToolSpec
 from synth._jsonl import read_jsonl
 from synth._probe import load_runtime
 from synth.factory.graph import factory_dir
 from synth.factory.model import Episode
 from synth.factory.queries import EPISODES_FILE
+from synth.factory.run import catalog_envs
 
 CATALOG_DIR = "factory_catalog"
 SFT_DIR = "factory_sft"
@@ -51,17 +52,21 @@ def turns(episode: Episode) -> list[tuple[str, list[int]]]:
 def openai_record(episode: Episode, task: str, tools: list[ToolSpec]) -> dict[str, Any]:
     """OpenAI chat format: ``messages`` with assistant ``tool_calls`` and ``tool`` answers, plus ``tools``."""
     messages: list[dict[str, Any]] = []
+
+    def say(role: str, content: str, tool_calls: Any = None, tool_call_id: Any = None) -> None:
+        # every message has every key: datasets reads a list of structs with one schema
+        messages.append({"role": role, "content": content, "tool_calls": tool_calls, "tool_call_id": tool_call_id})
+
     for msg, idx in turns(episode):
-        messages.append({"role": "user", "content": msg})
+        say("user", msg)
         for i in idx:
             call, cid = episode.calls[i], f"call_{i}"
-            messages.append({"role": "assistant", "content": "", "tool_calls": [{
-                "id": cid, "type": "function",
-                "function": {"name": call.tool, "arguments": json.dumps(call.arguments)}}]})
-            messages.append({"role": "tool", "tool_call_id": cid, "content": json.dumps(call.result, default=str)})
+            say("assistant", "", [{"id": cid, "type": "function",
+                                   "function": {"name": call.tool, "arguments": json.dumps(call.arguments)}}])
+            say("tool", json.dumps(call.result, default=str), tool_call_id=cid)
         if idx and idx[-1] != len(episode.calls) - 1:
-            messages.append({"role": "assistant", "content": "Done. What next?"})
-    messages.append({"role": "assistant", "content": episode.final_answer or "Done."})
+            say("assistant", "Done. What next?")
+    say("assistant", episode.final_answer or "Done.")
     used = {c.tool for c in episode.calls}
     return {"env": episode.env, "chain_id": episode.chain_id, "messages": messages,
             # the whole tool list as a JSON string: tools of different envs differ in shape,
@@ -124,8 +129,7 @@ def export_env(catalog: Any, name: str, out: Path, episodes: list[Episode]) -> d
 def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | None = None,
                    tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Export every env's accepted episodes; one summary row per env."""
-    catalog = load_catalog(catalog_path)
-    names = [catalog[n].name for n in envs] if envs else catalog.servable
+    catalog, names = catalog_envs(catalog_path, envs)
     formats: dict[str, SftFormat] = {"openai": openai_record, **SFT_FORMATS}
     sft: dict[str, list[str]] = {f: [] for f in formats}
     rows = []

@@ -28,7 +28,7 @@ from synth.factory.execute import (
 from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode
 from synth.factory.querygen import QueryStats, write_query
-from synth.factory.run import CHAINS_FILE, _envs
+from synth.factory.run import CHAINS_FILE, catalog_envs
 from synth.factory.verifier import (
     checks_something,
     expected_state,
@@ -95,7 +95,7 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
                           envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
                           tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Episodes for every chain of every env not done yet; one summary row per env."""
-    catalog, names = _envs(catalog_path, envs)
+    catalog, names = catalog_envs(catalog_path, envs)
     rows = []
     for name in names:
         folder = factory_dir(out, name)

@@ -68,8 +68,8 @@ def render_factory(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["", "Table 3 - EnvFactory per environment",
-             f"{'env':<28} {'edges':>11} {'chains':>6} {'run':>5} {'exec':>5} {'accepted':>8} {'tokens':>8} "
-             f"{'cost $':>8}  drops"]
+             (f"{'env':<28} {'edges':>11} {'chains':>6} {'run':>5} {'exec':>5} {'accepted':>8} {'tokens':>8} "
+              f"{'cost $':>8}  drops")]
     for r in rows:
         drops = ", ".join(f"{k} {v}" for k, v in r["drops"].items()) or "-"
         lines.append(f"{r['env']:<28} {r['kept_edges']:>5}/{r['candidate_edges']:<5} {r['chains']:>6} "

@@ -17,7 +17,8 @@ from synth.factory.graph import build_graph, factory_dir, load_graph, save_graph
 CHAINS_FILE = "chains.jsonl"
 
 
-def _envs(catalog_path: Path | None, names: list[str] | None) -> tuple[Any, list[str]]:
+def catalog_envs(catalog_path: Path | None, names: list[str] | None) -> tuple[Any, list[str]]:
+    """The catalog and the envs to work on: ``names``, or every servable env."""
     catalog = load_catalog(catalog_path)
     return catalog, [catalog[n].name for n in names] if names else catalog.servable
 
@@ -26,7 +27,7 @@ async def graph_catalog(catalog_path: Path | None, out: Path, *, envs: list[str]
                         embedder: Any, threshold: float = DEFAULT_THRESHOLD, llm: Any = None,
                         batch_size: int = 20, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Build and store every env's graph; one summary row per env (``error`` when it did not load)."""
-    catalog, names = _envs(catalog_path, envs)
+    catalog, names = catalog_envs(catalog_path, envs)
     rows = []
     for name in names:
         runtime, why = load_runtime(catalog[name], tool_timeout_s)
@@ -43,7 +44,7 @@ def chains_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
                    max_len: int = 4, seed: int = 0, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Sample ``n`` chains per env into ``<out>/factory/<env>/chains.jsonl``; chains already there
     (same ``chain_id``) are not written again, so a killed or repeated run adds only what is missing."""
-    catalog, names = _envs(catalog_path, envs)
+    catalog, names = catalog_envs(catalog_path, envs)
     rows = []
     for name in names:
         try:
