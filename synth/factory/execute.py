@@ -116,13 +116,13 @@ def table_rows(data: bytes) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 def diff_rows(initial: bytes, final: bytes) -> dict[str, dict[str, Any]]:
-    """What changed per table: ``added`` rows, ``changed`` (rowid, old, new), ``deleted`` rows."""
+    """What changed per table: ``added`` rows, ``changed`` (rowid, old, new), ``deleted`` rowids."""
     before, after = table_rows(initial), table_rows(final)
     out: dict[str, dict[str, Any]] = {}
     for table in sorted(set(before) | set(after)):
         b, a = before.get(table, {}), after.get(table, {})
         added = [a[k] for k in sorted(set(a) - set(b))]
-        deleted = [b[k] for k in sorted(set(b) - set(a))]
+        deleted = sorted(set(b) - set(a))
         changed = [(k, b[k], a[k]) for k in sorted(set(a) & set(b)) if a[k] != b[k]]
         if added or deleted or changed:
             out[table] = {"added": added, "deleted": deleted, "changed": changed}

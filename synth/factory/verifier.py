@@ -93,7 +93,7 @@ def expected_state(diff: dict[str, dict[str, Any]], volatile: set[tuple[str, str
         if changed:
             spec["changed"] = changed
         if d["deleted"]:
-            spec["deleted"] = [r.get("__rowid", r.get("id")) for r in d["deleted"]]
+            spec["deleted"] = list(d["deleted"])
         if spec:
             tables[table] = spec
     return {"tables": tables}

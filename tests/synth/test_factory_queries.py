@@ -154,3 +154,33 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     assert len(path.read_text().splitlines()) == len(eps) == 10
     assert sorted(e["chain_id"] for e in eps) == sorted(c.chain_id for c in chains)
     assert f"{10 - killed_at} new episodes" in final.stdout
+
+
+def test_templated_verifier_checks_added_changed_and_deleted_rows(lending, sandbox) -> None:
+    from envfarm.template import open_memory_db
+    from synth.factory.execute import diff_rows
+    from synth.factory.verifier import expected_state, verifier_code
+
+    runtime = lending[0]
+    initial = runtime.template.data
+    conn = open_memory_db(False)
+    conn.deserialize(initial)
+    conn.execute("DELETE FROM loans WHERE id = 1")
+    conn.execute("UPDATE books SET title = 'Dune Messiah' WHERE id = 1")
+    conn.execute("INSERT INTO loans (id, book_id, borrower_name, status) VALUES (5, 2, 'Bo', 'open')")
+    conn.commit()
+    final = conn.serialize()
+    conn.execute("INSERT INTO loans (id, book_id, borrower_name, status) VALUES (1, 1, 'Ann', 'open')")
+    conn.commit()
+    not_deleted = conn.serialize()
+    conn.close()
+    expected = expected_state(diff_rows(initial, final), set())
+    assert expected["tables"]["loans"]["deleted"] == [1]
+    assert expected["tables"]["books"]["changed"] == [(1, {"title": "Dune Messiah"})]
+    assert expected["tables"]["loans"]["added"] == [{"book_id": 2, "borrower_name": "Bo", "status": "open"}]
+    code = verifier_code(expected)
+
+    def verdict(after: bytes) -> str:
+        return asyncio.run(sandbox.run(code, initial, after, None, mode="code")).result["result"]
+
+    assert (verdict(final), verdict(initial), verdict(not_deleted)) == ("complete", "others", "others")
