@@ -139,7 +139,10 @@ def _embedder(kind: str) -> Any:
 
 def _print(rows: list[dict[str, Any]], as_json: bool, fmt: Any) -> None:
     for row in rows:
-        typer.echo(json.dumps(row) if as_json else fmt(row))
+        if as_json:
+            typer.echo(json.dumps(row))
+        else:  # a row with "error" is an env that was skipped; ``fmt`` formats the others
+            typer.echo(f"{row['env']}: skipped: {row['error']}" if "error" in row else fmt(row))
     if rows and all("error" in r for r in rows):
         raise typer.Exit(1)
 

@@ -4,7 +4,7 @@
 ``gen_tasks.jsonl`` record with the env's tasks plus one task per accepted episode (the loader
 keeps an env's last tasks record), its code-mode verifier (``gen_verifier.pure_code.jsonl``) and
 its reference solution with the final answer (``gen_solutions.jsonl``); ``factory_tasks.jsonl``
-maps each new task index to its chain. ``envfarm farm --catalog`` serves the folder as it is.
+maps each new task index to its chain. ``envfarm serve --catalog`` serves the folder as it is.
 
 (b) ``<out>/factory_sft/<format>.jsonl``, one conversation per accepted episode: ``openai``
 (``messages`` with ``tool_calls`` + ``tools``) always, and every format registered in
@@ -155,7 +155,5 @@ def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
 
 
 def format_export_row(row: dict[str, Any]) -> str:
-    if "error" in row:
-        return f"{row['env']}: skipped: {row['error']}"
     return (f"{row['env']}: {row['tasks']} tasks appended as tasks {row['first_task']}.."
             f"{row['first_task'] + row['tasks'] - 1} in {row['folder']}")

@@ -124,7 +124,5 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
 
 
 def format_queries_row(row: dict[str, Any]) -> str:
-    if "error" in row:
-        return f"{row['env']}: skipped: {row['error']}"
     return (f"{row['env']}: {row['new']} new episodes, {row['accepted']} accepted of {row['episodes']} "
             f"from {row['chains']} chains")

@@ -66,8 +66,6 @@ def chains_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
 
 
 def format_graph_row(row: dict[str, Any]) -> str:
-    if "error" in row:
-        return f"{row['env']}: skipped: {row['error']}"
     fs, llm = row["fields_source"], row.get("llm")
     text = (f"{row['env']}: {row['tools']} tools (fields: {fs.get('schema', 0)} schema, {fs.get('probe', 0)} probe, "
             f"{fs.get('none', 0)} none); candidates {row['candidates']} {_counts(row['candidates_by_source'])}; "
@@ -80,8 +78,6 @@ def format_graph_row(row: dict[str, Any]) -> str:
 
 
 def format_chains_row(row: dict[str, Any]) -> str:
-    if "error" in row:
-        return f"{row['env']}: skipped: {row['error']}"
     return (f"{row['env']}: {row['sampled']} chains sampled from {row['kept_edges']} kept edges, "
             f"{row['added']} new, {row['in_file']} in file, {row['tools_covered']} tools covered")
 
