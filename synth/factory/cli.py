@@ -73,7 +73,8 @@ def queries(
     out: Path = _OUT,
     env: list[str] = _ENV,
     seed: int = typer.Option(0, help="seed of the concrete argument values (same seed, same episodes)"),
-    limit: int = typer.Option(0, min=0, help="at most this many new episodes per env (0: all chains)"),
+    limit: int = typer.Option(0, min=0, help="at most this many new chains per env (0: all chains)"),
+    concurrency: int = typer.Option(4, min=1, help="chains in flight per env (LLM calls overlap)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
     **llm_options: Any,
 ) -> None:
@@ -90,7 +91,7 @@ def queries(
             try:
                 with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
                     return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, envs=env or None,
-                                                 seed=seed, limit=limit or None)
+                                                 seed=seed, limit=limit or None, concurrency=concurrency)
             finally:
                 await llm.aclose()
 

@@ -9,6 +9,7 @@ verifier in the judge's sandbox, and a no-op does not.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from synth.factory.execute import (
 )
 from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode
-from synth.factory.querygen import QueryStats, write_query
+from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, catalog_envs
 from synth.factory.verifier import (
     checks_something,
@@ -91,10 +92,29 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
     return episode
 
 
+async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, store: JsonlStore, *, llm: Any,
+                      sandbox: Any, seed: int, concurrency: int) -> tuple[int, int]:
+    """(episodes stored, chains left for a re-run because the LLM endpoint failed)."""
+    gate = asyncio.Semaphore(max(1, concurrency))
+    results = []
+
+    async def one(chain: Chain) -> None:
+        async with gate:
+            episode = await make_episode(runtime, chain, columns, llm, sandbox, seed)
+        if episode.reason == LLM_ERROR:  # not stored, so a re-run tries again
+            results.append(None)
+        else:
+            results.append(store.append_once(episode.model_dump(mode="json")))
+
+    await asyncio.gather(*(one(c) for c in chains))
+    return sum(bool(r) for r in results), results.count(None)
+
+
 async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any,
                           envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
-                          tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Episodes for every chain of every env not done yet; one summary row per env."""
+                          concurrency: int = 4, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Episodes for every chain of every env not done yet (``concurrency`` chains at a time, each
+    episode stored as soon as it is decided); one summary row per env."""
     catalog, names = catalog_envs(catalog_path, envs)
     rows = []
     for name in names:
@@ -109,20 +129,18 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
             continue
         columns = db_columns(runtime.template.data)
         store = JsonlStore(folder / EPISODES_FILE, lambda r: r["chain_id"])
-        added = 0
-        for chain in chains:
-            if limit is not None and added >= limit:
-                break
-            if chain.chain_id in store:
-                continue  # done in an earlier (maybe killed) run
-            episode = await make_episode(runtime, chain, columns, llm, sandbox, seed)
-            added += store.append_once(episode.model_dump(mode="json"))
+        todo = [c for c in chains if c.chain_id not in store]  # the rest was done by an earlier run
+        added, retry_later = await _run_chains(runtime, todo[:limit] if limit is not None else todo, columns,
+                                               store, llm=llm, sandbox=sandbox, seed=seed, concurrency=concurrency)
         episodes = list(store)
         rows.append({"env": name, "chains": len(chains), "new": added, "episodes": len(episodes),
-                     "accepted": sum(bool(e.get("accepted")) for e in episodes)})
+                     "accepted": sum(bool(e.get("accepted")) for e in episodes), "llm_errors": retry_later})
     return rows
 
 
 def format_queries_row(row: dict[str, Any]) -> str:
-    return (f"{row['env']}: {row['new']} new episodes, {row['accepted']} accepted of {row['episodes']} "
+    text = (f"{row['env']}: {row['new']} new episodes, {row['accepted']} accepted of {row['episodes']} "
             f"from {row['chains']} chains")
+    if row.get("llm_errors"):
+        text += f"; {row['llm_errors']} chains left for a re-run (the LLM endpoint failed)"
+    return text

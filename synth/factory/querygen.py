@@ -21,6 +21,8 @@ from synth.factory.dbvalues import strict_id
 from synth.factory.execute import Executed
 
 STAGE = "queries"
+#: the rejection reason of an episode whose request the endpoint failed to write (retried on a re-run)
+LLM_ERROR = "llm_error"
 
 SYSTEM = """You write what a real user of an app types to an assistant that uses the app's API. \
 You get the API calls the assistant must make (already run, with their results) and write the user's \
@@ -105,7 +107,7 @@ async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer
                                  salt=f"retry{attempt}" if attempt else None)
         except LLMError:
             stats.llm_errors += 1
-            return None, "llm_error"
+            return None, LLM_ERROR
         stats.calls += 1
         stats.prompt_tokens += res.usage.prompt_tokens
         stats.completion_tokens += res.usage.completion_tokens

@@ -23,7 +23,7 @@ from synth.factory.execute import DROP_CALL_FAILED
 from synth.factory.graph import build_graph, factory_dir
 from synth.factory.model import Binding, Chain, Step
 from synth.factory.queries import EPISODES_FILE, make_episode
-from tests.fakes.mock_openai import MockOpenAI
+from tests.fakes.mock_openai import MockOpenAI, Reply
 from tests.synth.factory_env import lending_bundle
 from tests.synth.factory_run import ENV, GOOD, prepare_run, queries_args, script_queries
 
@@ -123,6 +123,27 @@ def test_cli_queries_on_a_bundled_env_and_report(tmp_path, mock_openai) -> None:
     assert row["executable"] >= row["accepted"] and sum(row["drops"].values()) == 8 - len(accepted)
     assert row["tokens"] > 0 and row["kept_edges"] > 0
     assert "Table 3 - EnvFactory" in run.invoke(app, ["report", "--out", str(tmp_path)]).output
+
+
+def test_llm_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None:
+    from synth.factory.queries import queries_catalog
+
+    prepare_run(tmp_path, n=8)
+
+    async def run() -> dict:
+        async with LLMClient(LLMConfig(base_url=mock_openai.url, model="mock", max_retries=0)) as llm:
+            (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, envs=[ENV], concurrency=3)
+        return row
+
+    mock_openai.script(Reply.error(500), stage="queries", repeat=True)
+    failed = asyncio.run(run())
+    stored = read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)
+    assert failed["llm_errors"] >= 1 and len(stored) == failed["new"] == 8 - failed["llm_errors"]
+    assert not any(e["reason"] == "llm_error" for e in stored)
+    mock_openai.clear()
+    script_queries(mock_openai)
+    again = asyncio.run(run())
+    assert again["new"] == failed["llm_errors"] and again["episodes"] == 8 and again["accepted"] >= 1
 
 
 @pytest.mark.slow
