@@ -24,7 +24,7 @@ from synth._jsonl import read_jsonl
 from synth._probe import load_runtime
 from synth.factory.graph import factory_dir
 from synth.factory.model import Episode
-from synth.factory.queries import EPISODES_FILE
+from synth.factory.queries import EPISODES_FILE, valid_records
 from synth.factory.run import catalog_envs
 
 CATALOG_DIR = "factory_catalog"
@@ -134,7 +134,7 @@ def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
     sft: dict[str, list[str]] = {f: [] for f in formats}
     rows = []
     for name in names:
-        episodes = [Episode.model_validate(r) for r in read_jsonl(factory_dir(out, name) / EPISODES_FILE)]
+        episodes, _ = valid_records(read_jsonl(factory_dir(out, name) / EPISODES_FILE), Episode)
         accepted = [e for e in episodes if e.accepted]
         if not accepted:
             rows.append({"env": name, "error": "no accepted episodes: run `envfarm synth queries` first"})

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from envfarm.check import check_solution
 from envfarm.models import ToolCall
@@ -42,6 +44,8 @@ EPISODES_FILE = "episodes.jsonl"
 DROP_NO_KEY_VALUE = "no_key_value"      # a read-only chain whose answer has nothing to state
 DROP_NOTHING_STABLE = "nothing_stable"  # every changed column differs run to run
 DROP_GATE = "gate"
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Episode:
@@ -92,6 +96,18 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
     return episode
 
 
+def valid_records(records: list[dict[str, Any]], model: type[M]) -> tuple[list[M], int]:
+    """The records that fit ``model``, and how many did not (a hand-edited or foreign line is
+    counted, not fatal)."""
+    out, bad = [], 0
+    for rec in records:
+        try:
+            out.append(model.model_validate(rec))
+        except ValidationError:
+            bad += 1
+    return out, bad
+
+
 async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, store: JsonlStore, *, llm: Any,
                       sandbox: Any, seed: int, concurrency: int) -> tuple[int, int]:
     """(episodes stored, chains left for a re-run because the LLM endpoint failed)."""
@@ -119,7 +135,7 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
     rows = []
     for name in names:
         folder = factory_dir(out, name)
-        chains = [Chain.model_validate(r) for r in read_jsonl(folder / CHAINS_FILE)]
+        chains, bad = valid_records(read_jsonl(folder / CHAINS_FILE), Chain)
         if not chains:
             rows.append({"env": name, "error": f"no chains at {folder / CHAINS_FILE}: run `envfarm synth chains` first"})
             continue
@@ -133,7 +149,7 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
         added, retry_later = await _run_chains(runtime, todo[:limit] if limit is not None else todo, columns,
                                                store, llm=llm, sandbox=sandbox, seed=seed, concurrency=concurrency)
         episodes = list(store)
-        rows.append({"env": name, "chains": len(chains), "new": added, "episodes": len(episodes),
+        rows.append({"env": name, "chains": len(chains), "bad_chain_records": bad, "new": added, "episodes": len(episodes),
                      "accepted": sum(bool(e.get("accepted")) for e in episodes), "llm_errors": retry_later})
     return rows
 
@@ -141,6 +157,8 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
 def format_queries_row(row: dict[str, Any]) -> str:
     text = (f"{row['env']}: {row['new']} new episodes, {row['accepted']} accepted of {row['episodes']} "
             f"from {row['chains']} chains")
+    if row.get("bad_chain_records"):
+        text += f"; {row['bad_chain_records']} malformed chain records skipped"
     if row.get("llm_errors"):
         text += f"; {row['llm_errors']} chains left for a re-run (the LLM endpoint failed)"
     return text

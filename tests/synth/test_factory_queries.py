@@ -106,10 +106,12 @@ def test_cli_queries_on_a_bundled_env_and_report(tmp_path, mock_openai) -> None:
     from synth.cli import app
 
     chains = prepare_run(tmp_path, n=8)
+    with (factory_dir(tmp_path, ENV) / "chains.jsonl").open("a") as fh:
+        fh.write(json.dumps({"env": ENV, "chain_id": "hand-edited", "steps": "none"}) + "\n")
     script_queries(mock_openai)
     run = CliRunner()
     res = run.invoke(app, queries_args(mock_openai, tmp_path), catch_exceptions=False)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 0 and "1 malformed chain records skipped" in res.output, res.output
     eps = read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)
     assert sorted(e["chain_id"] for e in eps) == sorted(c.chain_id for c in chains)
     accepted = [e for e in eps if e["accepted"]]
@@ -119,7 +121,7 @@ def test_cli_queries_on_a_bundled_env_and_report(tmp_path, mock_openai) -> None:
     assert "0 new episodes" in res.output and len(read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)) == 8
     report = run.invoke(app, ["report", "--out", str(tmp_path), "--json"], catch_exceptions=False)
     (row,) = json.loads(report.output)["factory"]
-    assert row["chains"] == row["processed"] == 8 and row["accepted"] == len(accepted)
+    assert row["chains"] == 9 and row["processed"] == 8 and row["accepted"] == len(accepted)
     assert row["executable"] >= row["accepted"] and sum(row["drops"].values()) == 8 - len(accepted)
     assert row["tokens"] > 0 and row["kept_edges"] > 0
     assert "Table 3 - EnvFactory" in run.invoke(app, ["report", "--out", str(tmp_path)]).output
