@@ -71,7 +71,8 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
         again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}")
         first = diff_rows(runtime.template.data, ex.final)
         volatile = volatile_columns(first, diff_rows(runtime.template.data, again.final)) if not again.drop else set()
-        expected = expected_state(first, volatile)
+        given = {str(v) for c in ex.calls for v in c.arguments.values()}
+        expected = expected_state(first, volatile, given)
     else:
         answer = key_value(ex.calls[-1].result)
         if answer is None:

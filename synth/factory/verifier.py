@@ -4,18 +4,29 @@ A chain that wrote checks the rows it changed: each added row exists in the fina
 often than in the initial one (matched on its stable columns), each changed row has its new
 values and each deleted row is gone. A read-only chain checks that the final answer contains the
 key value the last call returned. Columns whose values differ between two executions of the same
-chain (timestamps, random codes) or that are named like timestamps are left out, so a replay at
-another time still passes. The code runs only in the judge's sandbox.
+chain (random codes), that are named like timestamps, or that hold a time the env stamped (now,
+today: two runs in one second agree on it) are left out, so a replay at another time still passes. The code runs only in the judge's sandbox.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
 from synth.factory.fields import field_values, value_fields
 
 _VOLATILE_NAME = re.compile(r"(_at|_on|time|timestamp|created|updated|token|uuid)$", re.IGNORECASE)
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
+
+
+def _clock_value(value: Any, given: set[str]) -> bool:
+    """A time the env stamped (now, today), not one the calls passed: two runs in the same second
+    agree on it, a replay later does not."""
+    if not isinstance(value, str) or value in given:
+        return False
+    today = {datetime.date.today().isoformat(), datetime.datetime.now(datetime.UTC).date().isoformat()}
+    return bool(_TIMESTAMP.match(value)) or value[:10] in today
 
 _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: str | None = None) -> dict:
     import sqlite3
@@ -71,23 +82,26 @@ def volatile_columns(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]])
     return out
 
 
-def _stable(table: str, row: dict[str, Any], volatile: set[tuple[str, str]], *, keep_id: bool) -> dict[str, Any]:
+def _stable(table: str, row: dict[str, Any], volatile: set[tuple[str, str]], given: set[str], *,
+            keep_id: bool) -> dict[str, Any]:
     return {c: v for c, v in row.items()
             if (table, c) not in volatile and not _VOLATILE_NAME.search(c) and (keep_id or c != "id")
-            and (v is None or isinstance(v, (str, int, float, bool)))}
+            and (v is None or isinstance(v, (str, int, float, bool))) and not _clock_value(v, given)}
 
 
-def expected_state(diff: dict[str, dict[str, Any]], volatile: set[tuple[str, str]]) -> dict[str, Any]:
-    """The verifier's EXPECTED of a writing chain: per table the rows to find, change or miss."""
+def expected_state(diff: dict[str, dict[str, Any]], volatile: set[tuple[str, str]],
+                   given: set[str] = frozenset()) -> dict[str, Any]:
+    """The verifier's EXPECTED of a writing chain: per table the rows to find, change or miss
+    (``given``: the text of every argument the calls passed, which no clock made)."""
     tables: dict[str, Any] = {}
     for table, d in diff.items():
         spec: dict[str, Any] = {}
-        added = [_stable(table, r, volatile, keep_id=False) for r in d["added"]]
+        added = [_stable(table, r, volatile, given, keep_id=False) for r in d["added"]]
         if added:
             spec["added"] = added
         changed = []
         for rowid, old, new in d["changed"]:
-            want = {c: v for c, v in _stable(table, new, volatile, keep_id=True).items() if old.get(c) != v}
+            want = {c: v for c, v in _stable(table, new, volatile, given, keep_id=True).items() if old.get(c) != v}
             if want:
                 changed.append((rowid, want))
         if changed:

@@ -207,3 +207,15 @@ def test_templated_verifier_checks_added_changed_and_deleted_rows(lending, sandb
         return asyncio.run(sandbox.run(code, initial, after, None, mode="code")).result["result"]
 
     assert (verdict(final), verdict(initial), verdict(not_deleted)) == ("complete", "others", "others")
+
+
+def test_times_the_env_stamps_are_not_checked() -> None:
+    import datetime
+
+    from synth.factory.verifier import expected_state
+
+    now = datetime.datetime.now().isoformat(sep=" ", timespec="seconds")
+    row = {"id": 9, "amount": 5.0, "booked": now, "posted": now[:10], "check_in": "2027-03-14 15:00"}
+    diff = {"t": {"added": [row], "changed": [], "deleted": []}}
+    (want,) = expected_state(diff, set(), given={"2027-03-14 15:00"})["tables"]["t"]["added"]
+    assert want == {"amount": 5.0, "check_in": "2027-03-14 15:00"}  # the id, now and today left out
