@@ -17,7 +17,7 @@ from typing import Any
 from envfarm.check import example_arguments
 from envfarm.runtime import EnvRuntime
 from envfarm.template import open_memory_db
-from synth.factory.dbvalues import DbColumns, column_values, db_source
+from synth.factory.dbvalues import DbColumns, column_values, db_source, strict_id
 from synth.factory.fields import field_values
 from synth.factory.model import Call, Chain
 
@@ -40,8 +40,13 @@ class Executed:
     detail: str = ""
 
 
-async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0) -> Executed:
-    """Run ``chain`` on a fresh instance of ``runtime``; never raises for a bad chain."""
+async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0, *,
+                        optional: bool = False) -> Executed:
+    """Run ``chain`` on a fresh instance of ``runtime``; never raises for a bad chain.
+
+    ``optional``: also pass each optional parameter a same-named database column can fill (a
+    value the user states), for tools that refuse a call without one ("provide at least one of").
+    """
     rng = random.Random(f"{seed}:{chain.chain_id}")
     tools = {t.name: t for t in runtime.tools}
     out = Executed(chain=chain)
@@ -70,6 +75,9 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
                 args[name] = rng.choice(options)
                 if b.kind == "task":
                     out.stated[name] = args[name]
+            if optional:
+                for name, value in _optional_values(tool.input_schema, args, columns, data, rng).items():
+                    args[name] = out.stated[name] = value
             res = await inst.call(step.tool, args)
             out.calls.append(Call(tool=step.tool, arguments=args, ok=res.ok,
                                   result=res.result if res.ok else res.error.model_dump()))
@@ -83,6 +91,20 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
     out.changed = out.final != data
     if not out.changed and not has_data(out.calls[-1].result):
         out.drop, out.detail = DROP_NO_EFFECT, "the database is unchanged and the last call returned nothing"
+    return out
+
+
+def _optional_values(schema: dict[str, Any], args: dict[str, Any], columns: DbColumns, data: bytes,
+                     rng: random.Random) -> dict[str, Any]:
+    required = set(schema.get("required", []))
+    out = {}
+    for name in schema.get("properties", {}):
+        if name in required or name in args or strict_id(name):
+            continue
+        where = db_source(name, columns)
+        values = [v for v in (column_values(data, *where) if where else []) if not isinstance(v, (dict, list))]
+        if values:
+            out[name] = rng.choice(values)
     return out
 
 
