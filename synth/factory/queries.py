@@ -58,18 +58,19 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
     """One chain through execution, QueryGen and the gate; a rejected episode says why.
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
-    all): a cancelled reservation cannot be cancelled, another one can; from the third draw on,
-    optional parameters are filled too (an update tool refuses a call that changes nothing).
+    all): a cancelled reservation cannot be cancelled, another one can; then twice more with
+    optional parameters filled too (an update tool refuses a call that changes nothing).
     """
-    for attempt in range(tries):  # the later draws also fill optional parameters
-        ex = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=attempt >= 2)
+    draws = [(attempt, False) for attempt in range(tries)] + [(tries + a, True) for a in range(2)]
+    for attempt, optional in draws:
+        ex = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
         if ex.drop not in (DROP_CALL_FAILED, DROP_NO_VALUE):
             break
     if ex.drop:
         return _episode(ex, ex.drop, ex.detail)
     answer = None
     if ex.changed:
-        again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=attempt >= 2)
+        again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
         first = diff_rows(runtime.template.data, ex.final)
         volatile = volatile_columns(first, diff_rows(runtime.template.data, again.final)) if not again.drop else set()
         given = {str(v) for c in ex.calls for v in c.arguments.values()}
