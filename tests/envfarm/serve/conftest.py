@@ -59,3 +59,24 @@ def packed_farm(bundled_catalog) -> Iterator[object]:
         yield farm
     finally:
         farm.shutdown()
+
+
+#: Scale fast so the test stays short: a 1 s upscale and 2 s downscale delay over 1 s of metrics.
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+               "metrics_interval_s": 0.5, "look_back_period_s": 1.0,
+               "upscale_delay_s": 1.0, "downscale_delay_s": 2.0}
+
+
+@pytest.fixture(scope="module")
+def autoscaled_farm(bundled_catalog) -> Iterator[object]:
+    """One env on an autoscaled pool (1 to 2 replicas) behind the Door."""
+    from envfarm.farm import FarmConfig, PoolConfig, free_port
+    from envfarm.serve import DeploymentOptions, ServeOptions
+
+    farm = _start(FarmConfig(envs=[ENV], pool=PoolConfig(warm=4)),
+                  ServeOptions(port=free_port(), num_cpus=2,
+                               deployment=DeploymentOptions(autoscaling_config=AUTOSCALING)))
+    try:
+        yield farm
+    finally:
+        farm.shutdown()
