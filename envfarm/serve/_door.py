@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray.exceptions import ActorDiedError, RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from envfarm.errors import PayloadTooLarge
+from envfarm.errors import EnvfarmError, LeaseGone, PayloadTooLarge, PoolExhausted
 from envfarm.farm import error_response
 from envfarm.serve._deployments import ForwardedRequest
 from envfarm.serve._handles import fresh_call
@@ -41,7 +42,26 @@ class Door:
         fwd = ForwardedRequest(method=request.method, path=path,
                                query_string=request.scope.get("query_string", b""),
                                headers=list(request.scope.get("headers", [])), body=body)
-        res = await fresh_call(self.pool.forward, fwd, owner=owner_from_path(path))
+        owner = owner_from_path(path)
+        try:
+            res = await fresh_call(self.pool.forward, fwd, owner=owner)
+        except RayActorError as exc:
+            if owner is not None:
+                return error_response(_replica_lost(owner, exc))
+            try:  # no lease state involved (a new lease, the catalog): another replica serves it
+                res = await fresh_call(self.pool.forward, fwd, owner=None)
+            except RayActorError as again:
+                return error_response(_replica_lost(None, again))
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in res.headers
                    if k.lower() != b"content-length"}
         return Response(res.body, status_code=res.status, headers=headers)
+
+
+def _replica_lost(owner: str | None, exc: RayActorError) -> EnvfarmError:
+    """The replica died (or dropped) under an in-flight request: a typed answer, not Serve's
+    bare 500. A lease's state died with its owner; anything else may be retried."""
+    if owner is not None and isinstance(exc, ActorDiedError):
+        return LeaseGone(f"replica {owner!r} that owned this lease died during the call; its "
+                         "state is lost, start a new lease", owner=owner)
+    return PoolExhausted("the replica serving this request is unavailable; retry",
+                         retryable=True)

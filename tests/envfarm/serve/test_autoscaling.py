@@ -52,7 +52,7 @@ def haproxy_pids() -> set[int]:
     run on the machine)."""
     import ray
 
-    session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+    session = ray._private.worker._global_node.get_session_dir_path()
     out = set()
     for p in psutil.process_iter(["name"]):
         if "haproxy" not in (p.info["name"] or ""):

@@ -12,13 +12,18 @@ import httpx
 import pytest
 
 from envfarm.client import Farm, LeaseLost, reference_episode
+from tests.envfarm.serve._traffic import (
+    Tally,
+    acquire,
+    auth,
+    check,
+    lease_path,
+    owner,
+    write,
+)
 from tests.envfarm.serve.conftest import ENV, REPLICAS
 
 pytestmark = pytest.mark.ray
-
-
-def _auth(info: dict) -> dict[str, str]:
-    return {"Authorization": f"Bearer {info['token']}"}
 
 
 async def test_owner_routing_keeps_leases_isolated(serve_farm):
@@ -30,10 +35,10 @@ async def test_owner_routing_keeps_leases_isolated(serve_farm):
 
         async def episode(info: dict) -> set[str]:
             path = f"/envs/{ENV}/leases/{info['lease_id']}"
-            r = await c.post(path + "/call", headers=_auth(info), json={
+            r = await c.post(path + "/call", headers=auth(info), json={
                 "tool": "create_wishlist", "arguments": {"name": info["lease_id"]}})
             assert r.status_code == 200 and r.json()["ok"], r.text
-            r = await c.post(path + "/call", headers=_auth(info), json={"tool": "list_wishlists"})
+            r = await c.post(path + "/call", headers=auth(info), json={"tool": "list_wishlists"})
             return {w["name"] for w in r.json()["result"]["wishlists"]}
 
         seen = await asyncio.gather(*(episode(i) for i in infos))
@@ -42,7 +47,7 @@ async def test_owner_routing_keeps_leases_isolated(serve_farm):
             assert info["lease_id"] in names
             assert not (names & ids) - {info["lease_id"]}, "a lease saw another lease's state"
         for info in infos:
-            r = await c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=_auth(info))
+            r = await c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=auth(info))
             assert r.json()["status"] == "closed"
 
 
@@ -125,6 +130,8 @@ async def test_front_serves_the_status_page_over_every_replica(serve_farm):
 
 
 async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
+    """SIGKILL a replica while calls flow on leases of every replica: its leases get a typed
+    410 (in-flight calls included), never a fresh state; other leases never notice."""
     from ray import serve
 
     handle = serve.get_deployment_handle("pool", app_name=f"env-{ENV}")
@@ -132,37 +139,50 @@ async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
     for i in range(REPLICAS):
         who = await handle.whoami.remote(owner=f"#{i}")
         replicas[who["owner"]] = who["pid"]
+    tally, stop = Tally(), asyncio.Event()
     async with httpx.AsyncClient(base_url=serve_farm.url, timeout=30) as c:
-        infos = [(await c.post(f"/envs/{ENV}/leases", json={})).json() for _ in range(12)]
+        infos = [await acquire(c, tally) for _ in range(12)]
+        assert all([await write(c, info, tally) for info in infos])
         by_owner: dict[str, list[dict]] = {}
         for info in infos:
-            by_owner.setdefault(info["lease_id"].split("-")[0], []).append(info)
+            by_owner.setdefault(owner(info), []).append(info)
         assert len(by_owner) >= 2
         victim, survivor = list(by_owner)[:2]
-        os.kill(replicas[victim], signal.SIGKILL)  # a replica process Ray started for this test
 
-        lost = by_owner[victim][0]
-        statuses = []
+        async def traffic(info: dict) -> list[int]:
+            codes = []
+            while not stop.is_set() and (not codes or codes[-1] == 200):
+                codes.append(await check(c, info, tally))
+            return codes
+
+        flows = [asyncio.create_task(traffic(info)) for info in infos]
+        await asyncio.sleep(0.5)
+        os.kill(replicas[victim], signal.SIGKILL)  # a replica process Ray started for this test
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            r = await c.post(f"/envs/{ENV}/leases/{lost['lease_id']}/call", headers=_auth(lost),
-                             json={"tool": "list_wishlists"})
-            statuses.append(r.status_code)
-            if r.status_code == 410:
-                break
-            await asyncio.sleep(0.5)
-        assert statuses[-1] == 410, statuses
-        assert 200 not in statuses, "a lost lease must never see a fresh state"
-        assert "gone" in r.json()["error"]["message"]
+        while not all(f.done() for f, i in zip(flows, infos) if owner(i) == victim):
+            assert time.monotonic() < deadline, f"lost leases never got 410: {tally.summary()}"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # the other leases go on after the victim's all got 410
+        stop.set()
+        codes = dict(zip((i["lease_id"] for i in infos), await asyncio.gather(*flows)))
+        print(f"\nreplica killed mid-traffic: {tally.summary()}")
+
+        assert not tally.ours_5xx and not tally.proxy_5xx, tally.summary()
+        assert not tally.wrong_state and not tally.transport, tally.summary()
+        lost = {i["lease_id"] for i in by_owner[victim]}
+        assert set(tally.gone) == lost and set(tally.gone.values()) == {"gone"}
+        assert all(codes[lid][-1] == 410 for lid in lost)
+        assert all(set(codes[lid]) == {200} for lid in codes if lid not in lost)
+        r = await c.post(lease_path(by_owner[victim][0]) + "/call",
+                         headers=auth(by_owner[victim][0]), json={"tool": "list_wishlists"})
+        assert r.status_code == 410 and "gone" in r.json()["error"]["message"]
 
         for info in by_owner[victim][1:]:  # every lease of the dead replica: 410
-            r = await c.get(f"/envs/{ENV}/leases/{info['lease_id']}/tools", headers=_auth(info))
+            r = await c.get(lease_path(info) + "/tools", headers=auth(info))
             assert r.status_code == 410
 
         alive = by_owner[survivor][0]
-        r = await c.post(f"/envs/{ENV}/leases/{alive['lease_id']}/call", headers=_auth(alive),
-                         json={"tool": "list_wishlists"})
-        assert r.status_code == 200 and r.json()["ok"]
+        assert await check(c, alive, tally) == 200
         r = await c.post(f"/envs/{ENV}/leases", json={})
         assert r.status_code == 201
 
