@@ -26,8 +26,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._soak_procs import GROUPS, RssLog  # noqa: E402
-from benchmarks.bench_farm_load import ENV, auth, pct  # noqa: E402
+from benchmarks._soak_procs import GROUPS, RssLog
+from benchmarks.bench_farm_load import ENV, auth, pct
 
 RESULTS = Path(__file__).parent / "results"
 LEASE_NAME = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{16}$")
@@ -62,7 +62,7 @@ class Soak:
                             self._error(w.status, await w.read(), w.content_type)
                     else:
                         self._error(r.status, await r.read(), r.content_type)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 self.errors[f"transport {type(exc).__name__}"] += 1
             await asyncio.sleep(0.2)
 
@@ -90,7 +90,7 @@ class Soak:
                 async with s.post(self._call_url(info), json=read, headers=auth(info)) as r:
                     body = await r.read()
                     status, ctype = r.status, r.content_type
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 self.errors[f"transport {type(exc).__name__}"] += 1
                 await asyncio.sleep(0.2)
                 continue
@@ -139,7 +139,7 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
             await asyncio.sleep(0.2)
         acquire_s = time.monotonic() - t_acq
         before = await replicas(f"env-{ENV}")
-        victim = sorted(before)[0]
+        victim = min(before)
         soak.t0 = rss.t0 = time.monotonic()
         ready.set()
         kill_at = args.duration / 2
@@ -232,7 +232,7 @@ def main() -> None:
                       ServeOptions(port=free_port(), num_cpus=2,
                                    deployment=DeploymentOptions(num_replicas=args.replicas)))
     try:
-        session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+        session = ray._private.worker._global_node.get_session_dir_path()
         result = asyncio.run(run(args, farm.url, session))
     finally:
         farm.shutdown()
