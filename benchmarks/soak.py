@@ -136,7 +136,8 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
         loops = [asyncio.create_task(soak.lease_loop(s, ready)) for _ in range(args.leases)]
         t_acq = time.monotonic()
         while soak.held < args.leases:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
+            print(f"leases held: {soak.held}/{args.leases}", file=sys.stderr, flush=True)
         acquire_s = time.monotonic() - t_acq
         before = await replicas(f"env-{ENV}")
         victim = min(before)
@@ -149,6 +150,8 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
                 os.kill(before[victim], signal.SIGKILL)  # a replica Ray started for this run
                 killed = True
             await asyncio.to_thread(rss.sample)
+            print(f"t={elapsed:.0f}s calls={soak.calls} errors={dict(soak.errors)}",
+                  file=sys.stderr, flush=True)
             await asyncio.sleep(max(0.0, args.sample_s - (time.monotonic() - soak.t0 - elapsed)))
         soak.stop.set()
         await asyncio.gather(*loops)

@@ -31,34 +31,30 @@ def _start(config, options):
     return start_farm(config, options)
 
 
-@pytest.fixture(scope="module")
-def serve_farm(bundled_catalog) -> Iterator[object]:
-    """One env on REPLICAS owner-routed replicas, plus the front app."""
+def _running(envs: list[str] | None, warm: int, pack: int = 1, **deployment) -> Iterator[object]:
+    """A farm on a fresh embedded Ray for one test module, shut down after it."""
     from envfarm.farm import FarmConfig, PoolConfig, free_port
     from envfarm.serve import DeploymentOptions, ServeOptions
 
-    farm = _start(FarmConfig(envs=[ENV], pool=PoolConfig(warm=4)),
-                  ServeOptions(port=free_port(), num_cpus=2,
-                               deployment=DeploymentOptions(num_replicas=REPLICAS)))
+    config = FarmConfig(pool=PoolConfig(warm=warm), **({"envs": envs} if envs else {}))
+    farm = _start(config, ServeOptions(port=free_port(), num_cpus=2, pack=pack,
+                                       deployment=DeploymentOptions(**deployment)))
     try:
         yield farm
     finally:
         farm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serve_farm(bundled_catalog) -> Iterator[object]:
+    """One env on REPLICAS owner-routed replicas, plus the front app."""
+    yield from _running([ENV], warm=4, num_replicas=REPLICAS)
 
 
 @pytest.fixture(scope="module")
 def packed_farm(bundled_catalog) -> Iterator[object]:
     """Every bundled env packed into one deployment of 2 replicas, reached through the front."""
-    from envfarm.farm import FarmConfig, PoolConfig, free_port
-    from envfarm.serve import DeploymentOptions, ServeOptions
-
-    farm = _start(FarmConfig(pool=PoolConfig(warm=2)),
-                  ServeOptions(port=free_port(), num_cpus=2, pack=3,
-                               deployment=DeploymentOptions(num_replicas=2)))
-    try:
-        yield farm
-    finally:
-        farm.shutdown()
+    yield from _running(None, warm=2, pack=3, num_replicas=2)
 
 
 #: Scale fast so the test stays short: a 1 s upscale and 2 s downscale delay over 1 s of metrics.
@@ -70,13 +66,4 @@ AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 
 @pytest.fixture(scope="module")
 def autoscaled_farm(bundled_catalog) -> Iterator[object]:
     """One env on an autoscaled pool (1 to 2 replicas) behind the Door."""
-    from envfarm.farm import FarmConfig, PoolConfig, free_port
-    from envfarm.serve import DeploymentOptions, ServeOptions
-
-    farm = _start(FarmConfig(envs=[ENV], pool=PoolConfig(warm=4)),
-                  ServeOptions(port=free_port(), num_cpus=2,
-                               deployment=DeploymentOptions(autoscaling_config=AUTOSCALING)))
-    try:
-        yield farm
-    finally:
-        farm.shutdown()
+    yield from _running([ENV], warm=4, autoscaling_config=AUTOSCALING)
