@@ -143,10 +143,10 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
         victim = min(before)
         soak.t0 = rss.t0 = time.monotonic()
         ready.set()
-        kill_at = args.duration / 2
+        kill_at = args.duration / 2 if not args.no_kill else None
         killed = False
         while (elapsed := time.monotonic() - soak.t0) < args.duration:
-            if not killed and elapsed >= kill_at:
+            if kill_at is not None and not killed and elapsed >= kill_at:
                 os.kill(before[victim], signal.SIGKILL)  # a replica Ray started for this run
                 killed = True
             await asyncio.to_thread(rss.sample)
@@ -160,10 +160,10 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
 
 
 def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after: dict,
-           victim: str, kill_at: float) -> dict:
+           victim: str, kill_at: float | None) -> dict:
     series = [soak.per_second.get(t, 0) for t in range(int(args.duration))]
     failures = []
-    if set(soak.gone_owners) - {victim}:
+    if set(soak.gone_owners) - ({victim} if kill_at is not None else set()):
         failures.append(f"410 on leases of live replicas: {dict(soak.gone_owners)}")
     if soak.errors["wrong_state"]:
         failures.append(f"{soak.errors['wrong_state']} calls saw a wrong state")
@@ -179,7 +179,8 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
         "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
         "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
         "errors_by_kind": dict(soak.errors),
-        "killed": {"owner": victim, "at_s": kill_at, "replicas_before": sorted(before),
+        "killed": {"owner": victim if kill_at is not None else None, "at_s": kill_at,
+                   "replicas_before": sorted(before),
                    "replicas_after": sorted(after)},
         "gone_leases_by_owner": dict(soak.gone_owners),
         "rss": rss.report(kill_at), "rss_samples": {"t_s": rss.times, "mib": rss.samples},
@@ -207,10 +208,13 @@ def plot(result: dict, path: Path) -> None:
     bottom.set_xlabel("seconds")
     bottom.legend(fontsize=7, ncol=4)
     for ax in (top, bottom):
-        ax.axvline(result["killed"]["at_s"], color="red", linestyle="--")
+        if result["killed"]["at_s"] is not None:
+            ax.axvline(result["killed"]["at_s"], color="red", linestyle="--")
     cfg = result["config"]
+    at = result["killed"]["at_s"]
+    killed = f"one killed at {at:.0f} s" if at is not None else "none killed"
     fig.suptitle(f"envfarm soak: {cfg['leases']} leases, {cfg['replicas']} replicas, "
-                 f"one killed at {result['killed']['at_s']:.0f} s (loaded 2-core machine)")
+                 f"{killed} (loaded 2-core machine)")
     fig.savefig(path, dpi=90)
 
 
@@ -220,6 +224,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--connections", type=int, default=1024, help="client connection limit")
+    p.add_argument("--no-kill", action="store_true", help="kill no replica")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--name", default="soak", help="results/<name>.json and .png")
     args = p.parse_args()
