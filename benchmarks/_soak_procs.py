@@ -85,20 +85,24 @@ class RssLog:
         self.times.append(round(time.monotonic() - self.t0, 1))
 
     def report(self, kill_at_s: float | None) -> dict:
-        """Per group: first/last/max MiB and slopes (whole run; before and after the kill, since
-        the killed replica's replacement starts small and grows back)."""
+        """Per group: first/last/max MiB and slopes: whole run, before and after the kill (the
+        killed replica's replacement starts small and grows back), and over the last 120 s of
+        each phase (after warm-up: growth there is what a longer run would keep)."""
+        end = self.times[-1] if self.times else 0.0
+        windows = {"whole": (0.0, end)}
+        if kill_at_s is not None:
+            windows |= {"before_kill": (0.0, kill_at_s), "after_kill_30s": (kill_at_s + 30, end),
+                        "last_120s_before_kill": (kill_at_s - 120, kill_at_s)}
+        windows["last_120s"] = (end - 120, end)
         out = {}
         for g in GROUPS:
             vals = [s[g] for s in self.samples]
             if not vals:
                 continue
-            entry = {"first_mib": vals[0], "last_mib": vals[-1], "max_mib": max(vals),
-                     "slope_mib_per_min": slope_per_min(self.times, vals)}
-            if kill_at_s is not None:
-                pre = [(t, v) for t, v in zip(self.times, vals) if t < kill_at_s]
-                post = [(t, v) for t, v in zip(self.times, vals) if t > kill_at_s + 30]
-                for label, pts in (("before_kill", pre), ("after_kill_30s", post)):
-                    entry[f"slope_{label}_mib_per_min"] = slope_per_min(
-                        [t for t, _ in pts], [v for _, v in pts])
+            entry = {"first_mib": vals[0], "last_mib": vals[-1], "max_mib": max(vals)}
+            for label, (lo, hi) in windows.items():
+                pts = [(t, v) for t, v in zip(self.times, vals) if lo <= t < hi or t == end == hi]
+                entry[f"slope_{label}_mib_per_min"] = slope_per_min(
+                    [t for t, _ in pts], [v for _, v in pts])
             out[g] = entry
         return out

@@ -250,7 +250,7 @@ def main() -> None:
     brief = {k: result[k] for k in ("calls", "calls_per_s", "p50_ms", "p99_ms", "errors_by_kind",
                                     "gone_leases_by_owner", "ok", "failures")}
     print(json.dumps(brief, indent=1))
-    print(json.dumps({g: r["slope_mib_per_min"] for g, r in result["rss"].items()}))
+    print(json.dumps({g: r["slope_whole_mib_per_min"] for g, r in result["rss"].items()}))
     sys.exit(0 if result["ok"] else 1)
 
 
