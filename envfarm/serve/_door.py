@@ -46,9 +46,12 @@ class Door:
         try:
             res = await fresh_call(self.pool.forward, fwd, owner=owner)
         except RayActorError as exc:
-            if owner is not None:
+            # Retry only where nothing can have happened: no lease state (a new lease, the
+            # catalog) and a replica that is dead, not merely unreachable (a live one may have
+            # made the lease already; the client gets a retryable error and decides).
+            if owner is not None or not isinstance(exc, ActorDiedError):
                 return error_response(_replica_lost(owner, exc))
-            try:  # no lease state involved (a new lease, the catalog): another replica serves it
+            try:
                 res = await fresh_call(self.pool.forward, fwd, owner=None)
             except RayActorError as again:
                 return error_response(_replica_lost(None, again))
