@@ -63,8 +63,8 @@ async def bench_env(runtime: EnvRuntime, n: int, llm: LLMClient, sandbox: Verifi
     }
 
 
-async def main(n: int) -> list[dict]:
-    catalog = load_catalog()
+async def main(n: int, catalog_dir: Path | None) -> list[dict]:
+    catalog = load_catalog(catalog_dir)
     rows = []
     with MockOpenAI() as mock, VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
         mock.script(ANSWER, stage="queries", repeat=True)
@@ -78,13 +78,15 @@ async def main(n: int) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chains", type=int, default=50)
+    ap.add_argument("--catalog", type=Path, default=None,
+                    help="catalog folder (e.g. ../shared/awm1k_samples); default: the bundled one")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "factory_queries.json")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
-    rows = asyncio.run(main(args.chains))
+    rows = asyncio.run(main(args.chains, args.catalog))
     result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
               "machine": f"{os.cpu_count()} cores, shared; 1-min load {load_start:.2f} at start, "
                          f"{os.getloadavg()[0]:.2f} at end",
-              "chains_per_env": args.chains, "max_len": 4, "seed": 0, "envs": rows}
+              "catalog": str(args.catalog or "bundled"), "chains_per_env": args.chains, "max_len": 4, "seed": 0, "envs": rows}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
