@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,12 @@ def graph(
 
     def work() -> list[dict[str, Any]]:
         emb = _embedder(embedder)
-        llm = None if no_llm else LLMClient(llm_config(out, **llm_options))
+        config = None if no_llm else llm_config(out, **llm_options)
 
         async def main() -> list[dict[str, Any]]:
-            try:
+            async with nullcontext() if config is None else LLMClient(config) as llm:
                 return await graph_catalog(catalog, out, envs=env or None, embedder=emb, threshold=threshold,
                                            llm=llm, batch_size=batch_size)
-            finally:
-                if llm is not None:
-                    await llm.aclose()
 
         return asyncio.run(main())
 
@@ -85,15 +83,13 @@ def queries(
     from synth.factory.queries import format_queries_row, queries_catalog
 
     def work() -> list[dict[str, Any]]:
-        llm = LLMClient(llm_config(out, **llm_options))
+        config = llm_config(out, **llm_options)
 
         async def main() -> list[dict[str, Any]]:
-            try:
+            async with LLMClient(config) as llm:
                 with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
                     return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, envs=env or None,
                                                  seed=seed, limit=limit or None, concurrency=concurrency)
-            finally:
-                await llm.aclose()
 
         return asyncio.run(main())
 
