@@ -106,3 +106,34 @@ class RssLog:
                     [t for t, _ in pts], [v for _, v in pts])
             out[g] = entry
         return out
+
+
+def haproxy_servers(url: str, root: str = "/tmp/haproxy-serve") -> dict[str, dict[str, str]]:
+    """Per-server counters of the Serve HAProxy that listens at ``url`` (``show stat`` on its
+    admin socket): ``backend/server`` -> stot (sessions), smax, status, chkdown, hrsp_5xx."""
+    import socket
+
+    text = haproxy_config(url, root)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(text.split("stats socket ", 1)[1].split()[0])
+        s.sendall(b"show stat\n")
+        raw = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+    header, *rows = [line for line in raw.splitlines() if line]
+    names = header.lstrip("# ").split(",")
+    keep = ("stot", "smax", "status", "chkdown", "hrsp_5xx")
+    out = {}
+    for row in rows:
+        r = dict(zip(names, row.split(",")))
+        if r["svname"] not in ("FRONTEND", "BACKEND"):
+            out[f"{r['pxname']}/{r['svname']}"] = {k: r.get(k, "") for k in keep}
+    return out
+
+
+def haproxy_config(url: str, root: str = "/tmp/haproxy-serve") -> str:
+    """The live config of the Serve HAProxy that listens at ``url``."""
+    from pathlib import Path
+
+    port = url.rsplit(":", 1)[1]
+    (text,) = [t for t in (p.read_text() for p in Path(root).glob("*/haproxy.cfg"))
+               if f"bind 127.0.0.1:{port}\n" in t]
+    return text

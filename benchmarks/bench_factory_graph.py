@@ -33,7 +33,7 @@ from envfarm.runtime import EnvRuntime  # noqa: E402
 from synth.embed import MiniLMEmbedder  # noqa: E402
 from synth.factory.candidates import DEFAULT_THRESHOLD, candidate_edges  # noqa: E402
 from synth.factory.chains import sample_chains, unsatisfied  # noqa: E402
-from synth.factory.confirm import STAGE, SYSTEM, batch_prompt, replay_answer  # noqa: E402
+from synth.factory.confirm import SYSTEM, batch_prompt, replay_answer  # noqa: E402
 from synth.factory.dbvalues import db_columns  # noqa: E402
 from synth.factory.fields import build_nodes  # noqa: E402
 from synth.factory.graph import build_graph  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._soak_procs import GROUPS, RssLog
+from benchmarks._soak_procs import GROUPS, RssLog, haproxy_servers
 from benchmarks.bench_farm_load import ENV, auth, pct
 
 RESULTS = Path(__file__).parent / "results"
@@ -156,7 +156,10 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
         soak.stop.set()
         await asyncio.gather(*loops)
         after = await replicas(f"env-{ENV}")
-    return report(args, soak, rss, acquire_s, before, after, victim, kill_at)
+    result = report(args, soak, rss, acquire_s, before, after, victim, kill_at)
+    # Which server took the traffic: a replica marked down sends it to the Python-proxy fallback.
+    result["haproxy_servers"] = haproxy_servers(url)
+    return result
 
 
 def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after: dict,
@@ -214,7 +217,7 @@ def plot(result: dict, path: Path) -> None:
     at = result["killed"]["at_s"]
     killed = f"one killed at {at:.0f} s" if at is not None else "none killed"
     fig.suptitle(f"envfarm soak: {cfg['leases']} leases, {cfg['replicas']} replicas, "
-                 f"{killed} (loaded 2-core machine)")
+                 f"{killed} ({cfg['cores']} cores)")
     fig.savefig(path, dpi=90)
 
 
@@ -225,6 +228,8 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--connections", type=int, default=1024, help="client connection limit")
     p.add_argument("--no-kill", action="store_true", help="kill no replica")
+    p.add_argument("--max-ongoing", type=int, default=None,
+                   help="max_ongoing_requests per pool replica (default: the farm's)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--name", default="soak", help="results/<name>.json and .png")
     args = p.parse_args()
@@ -236,9 +241,11 @@ def main() -> None:
     from envfarm.farm import FarmConfig, PoolConfig, free_port
     from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
+    ongoing = {} if args.max_ongoing is None else {"max_ongoing_requests": args.max_ongoing}
     farm = start_farm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8)),
                       ServeOptions(port=free_port(), num_cpus=2,
-                                   deployment=DeploymentOptions(num_replicas=args.replicas)))
+                                   deployment=DeploymentOptions(num_replicas=args.replicas,
+                                                                **ongoing)))
     try:
         session = ray._private.worker._global_node.get_session_dir_path()
         result = asyncio.run(run(args, farm.url, session))

@@ -45,14 +45,43 @@ class IngressMismatch(EnvfarmError):
     status_code = 400
 
 
+#: How the farm tunes Ray under HAProxy ingress (defaults: a value already set wins). Measured
+#: with 1,024 clients on one pool replica (benchmarks/soak.py; RESULTS.md, "Soak").
+HAPROXY_TUNING = {
+    # HAProxy opens one connection per in-flight request, so 1,024 clients mean 1,024
+    # connections to one replica, whose event loop then accepts new ones (HAProxy's health
+    # checks too) many seconds late: HAProxy marks the busy replica down and sends its traffic
+    # through the Python-proxy fallback (slower; the ProxyActor and the replica grew without
+    # end). With a per-server maxconn HAProxy keeps a few connections busy and queues the rest
+    # itself, in C, first come first served. Serve 2.60 has no setting for it, but writes this
+    # value as is into every backend's ``default-server`` line, so it carries the maxconn.
+    "RAY_SERVE_HAPROXY_HEALTH_CHECK_DOWNINTER": "250ms maxconn 64",
+    # That queue waits up to ``timeout connect`` (Serve sets no ``timeout queue``); Serve's 5 s
+    # turned a 1,024-deep queue into 503s. A dead local replica still fails at once (refused).
+    "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S": "30",
+}
+#: Ray core settings for a farm in any mode: per-task events (the dashboard's task table) cost
+#: memory on every handle call (an actor grew 15 MiB over 100k calls, flat without) and no farm
+#: reads them.
+RAY_TUNING = {"RAY_task_events_report_interval_ms": "0"}
+
+
 def ingress_env(proxy: Proxy) -> dict[str, str]:
     """The Serve environment variables of an ingress mode."""
     on = "1" if proxy == "haproxy" else "0"
     return {ENV_HAPROXY: on, ENV_THROUGHPUT: on}
 
 
+def farm_env(proxy: Proxy) -> dict[str, str]:
+    """Every variable the farm's Ray processes run with: the mode and its tuning."""
+    return {**ingress_env(proxy), **(HAPROXY_TUNING if proxy == "haproxy" else {}), **RAY_TUNING}
+
+
 def use_ingress(proxy: Proxy) -> None:
-    """Set the mode for Ray processes started from here on (call before ``ray.init``)."""
+    """Set the mode (and, unless set, its tuning) for Ray processes started from here on
+    (call before ``ray.init``)."""
+    for key, value in farm_env(proxy).items():
+        os.environ.setdefault(key, value)
     os.environ.update(ingress_env(proxy))
 
 
