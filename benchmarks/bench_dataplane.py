@@ -33,6 +33,8 @@ PY = sys.executable
 ENV = "hotel_booking_1"
 TOOL = "get_my_profile"
 LEASES = 32
+#: Headers added to every call request (``--header``), e.g. Serve's disconnect opt-out.
+EXTRA_HEADERS: dict[str, str] = {}
 OUT = REPO / "benchmarks" / "results" / "dataplane.json"
 
 
@@ -203,7 +205,8 @@ def release(url: str, held: list[dict]) -> None:
 def call_requests(held: list[dict], mcp: bool) -> list[tuple[str, str, dict[str, str], str]]:
     out = []
     for le in held:
-        headers = {"Authorization": f"Bearer {le['token']}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {le['token']}", "Content-Type": "application/json",
+                   **EXTRA_HEADERS}
         if mcp:
             headers["Accept"] = "application/json, text/event-stream"
             body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -299,7 +302,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT, help="where the raw JSON goes")
     ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run "
                     "(empty: only the --no-ray process, with and without the fast paths)")
+    ap.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                    help="add a header to every call request (repeatable)")
     args = ap.parse_args()
+    EXTRA_HEADERS.update(h.split(":", 1) for h in args.header)
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install -y wrk)")
     res: dict[str, Any] = {
@@ -307,6 +313,7 @@ def main() -> None:
                     "load_avg_start": os.getloadavg(), "note": args.note,
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
         "config": {"env": ENV, "tool": TOOL, "leases": LEASES, "seconds": args.seconds,
+                   "extra_headers": EXTRA_HEADERS,
                    "rounds": args.rounds, "awm_processes": args.awm},
         "rounds": []}
     no_ray = Farm("no-ray", warm=LEASES + 8)

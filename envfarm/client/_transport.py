@@ -26,6 +26,13 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
+#: Sent with every request: Serve then runs the request without watching for the client to hang
+#: up (no receive task and no request task per request under HAProxy ingress; measured ~8 % more
+#: one-call requests per second). A call the farm received runs to its end either way, bounded
+#: by the env's call timeout, instead of being cancelled halfway by a dropped connection.
+NO_DISCONNECT_WATCH = {"x-request-disconnect-disabled": "?1"}
+
+
 class HTTPTransport:
     """httpx with one pooled client, sized for thousands of concurrent leases."""
 
@@ -33,6 +40,7 @@ class HTTPTransport:
                  client: httpx.AsyncClient | None = None) -> None:
         self.client = client or httpx.AsyncClient(
             base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
+            headers=NO_DISCONNECT_WATCH,
             # keepalive_expiry < uvicorn's 5 s keep-alive: a reused idle connection otherwise
             # races the server's close, and a tool call (not retryable) fails with ReadError
             limits=httpx.Limits(max_connections=max_connections,

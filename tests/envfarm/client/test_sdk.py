@@ -158,3 +158,35 @@ def test_sync_wrapper_over_real_http(local_farm):
 async def test_sync_wrapper_refuses_inside_a_loop(local_farm):
     with pytest.raises(RuntimeError, match="event loop"):
         SyncFarm(local_farm.url)
+
+
+async def test_requests_opt_out_of_serves_disconnect_watch():
+    """On the wire, every SDK request asks Serve not to watch for a hang-up (see
+    NO_DISCONNECT_WATCH): read back by a bare loopback server."""
+    import asyncio
+
+    from envfarm.client._transport import HTTPTransport
+
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = HTTPTransport(f"http://127.0.0.1:{port}")
+    try:
+        reply = await transport.request("POST", "/envs/x/leases", json={},
+                                        headers={"Authorization": "Bearer t"})
+    finally:
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
+    assert reply.status == 200
+    (head,) = seen
+    lines = head.decode("latin-1").lower().split("\r\n")
+    assert "x-request-disconnect-disabled: ?1" in lines
+    assert "authorization: bearer t" in lines  # per-request headers still go with it
