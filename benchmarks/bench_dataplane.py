@@ -24,11 +24,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._procs import cores_between, cpu_seconds
+
 PY = sys.executable
 ENV = "hotel_booking_1"
 TOOL = "get_my_profile"
@@ -69,8 +74,8 @@ _FRAMEWORKS_ONLY = (
 
 
 class Farm:
-    """A farm in a subprocess: ``serve --proxy haproxy|python``, ``serve --no-ray``, or
-    ``frameworks`` (the --no-ray process without the fast paths)."""
+    """A farm in a subprocess: ``serve --proxy haproxy|python`` (``+flag`` adds ``--flag``),
+    ``serve --no-ray``, or ``frameworks`` (the --no-ray process without the fast paths)."""
 
     def __init__(self, kind: str, warm: int) -> None:
         self.kind = kind
@@ -78,7 +83,9 @@ class Farm:
         self.url = f"http://127.0.0.1:{self.port}"
         args = [PY, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", str(warm),
                 "--port", str(self.port)]
-        args += ["--no-ray"] if kind == "no-ray" else ["--proxy", kind, "--num-cpus", "2"]
+        proxy, *flags = kind.split("+")  # e.g. haproxy+access-log: `serve --access-log`
+        args += (["--no-ray"] if kind == "no-ray" else
+                 ["--proxy", proxy, "--num-cpus", "2", *(f"--{f}" for f in flags)])
         if kind == "frameworks":
             args = [PY, "-c", _FRAMEWORKS_ONLY, ENV, str(warm), str(self.port)]
         t0 = time.perf_counter()
@@ -180,6 +187,23 @@ def wrk(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: i
             "socket_errors": sock.group(1) if sock else None}
 
 
+def wrk_with_cpu(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: int,
+                 seconds: float) -> dict[str, Any]:
+    """``wrk``, plus the busiest processes' CPU (cores, and µs per request) over all but the
+    run's first and last second: where each request's CPU goes."""
+    out: dict[str, Any] = {}
+    load = threading.Thread(target=lambda: out.update(wrk(url, requests, conns, seconds)))
+    load.start()
+    time.sleep(1)
+    before, t0 = cpu_seconds(), time.perf_counter()
+    time.sleep(max(0.5, seconds - 2))
+    cpu = cores_between(before, cpu_seconds(), time.perf_counter() - t0)
+    load.join()
+    for row in cpu:
+        row["us_per_req"] = round(row["cores"] / out["req_per_s"] * 1e6, 1)
+    return {**out, "cpu": cpu}
+
+
 # -- measurements ----------------------------------------------------------------------------
 def leases(url: str, n: int) -> list[dict]:
     import httpx
@@ -260,7 +284,7 @@ def measure_farm(farm: Farm, seconds: float) -> dict[str, Any]:
     try:
         check_calls(farm.url, held)
         res = {
-            "http_32": wrk(farm.url, call_requests(held, False), LEASES, seconds),
+            "http_32": wrk_with_cpu(farm.url, call_requests(held, False), LEASES, seconds),
             "mcp_32": wrk(farm.url, call_requests(held, True), LEASES, seconds),
             "http_1": wrk(farm.url, call_requests(held[:1], False), 1, seconds),
         }
@@ -300,8 +324,9 @@ def main() -> None:
     ap.add_argument("--note", default="", help="what else ran on the machine, kept in the JSON")
     ap.add_argument("--awm", type=int, default=4, help="AWM processes")
     ap.add_argument("--out", type=Path, default=OUT, help="where the raw JSON goes")
-    ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run "
-                    "(empty: only the --no-ray process, with and without the fast paths)")
+    ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run, "
+                    "comma-separated; `haproxy+access-log` adds `serve --access-log` (empty: "
+                    "only the --no-ray process, with and without the fast paths)")
     ap.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                     help="add a header to every call request (repeatable)")
     args = ap.parse_args()

@@ -50,7 +50,7 @@ def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
 
 
 # Flags that only mean something when Ray Serve runs the farm.
-RAY_ONLY = ("pack", "replicas", "num_cpus", "address", "write_config")
+RAY_ONLY = ("pack", "replicas", "num_cpus", "address", "write_config", "access_log")
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -88,6 +88,9 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
               "--write-config", help="Write the farm as a Serve config (for `serve deploy` or "
                                      "a RayService) to this file and exit.")] = None,
           proxy: ProxyOpt = Ingress.haproxy,
+          access_log: Annotated[bool, typer.Option(
+              "--access-log", help="Serve's access log: one line per request (tool call) in "
+                                   "each replica's log file; off by default.")] = False,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
@@ -95,11 +98,12 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
     try:
         config = _config(catalog, envs, warm)
         if write_config is not None:
-            _write_config(config, pack, replicas, host, port, write_config)
+            _write_config(config, pack, replicas, host, port, write_config, access_log)
         elif no_ray:
             _serve_local(config, host, port)
         else:
-            _serve_ray(config, pack, replicas, num_cpus, host, port, address, proxy.value)
+            _serve_ray(config, pack, replicas, num_cpus, host, port, address, proxy.value,
+                       access_log)
     except EnvfarmError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(2) from exc
@@ -116,24 +120,26 @@ def _serve_local(config: FarmConfig, host: str, port: int) -> None:
 
 
 def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port: int,
-                  path: Path) -> None:
+                  path: Path, access_log: bool = False) -> None:
     import yaml
 
     from envfarm.serve import DeploymentOptions, ServeOptions
     from envfarm.serve.apps import serve_config
 
-    options = ServeOptions(host=host, port=port, pack=pack,
-                           deployment=DeploymentOptions(num_replicas=replicas))
+    options = ServeOptions(host=host, port=port, pack=pack, deployment=DeploymentOptions(
+        num_replicas=replicas, access_log=access_log))
     path.write_text(yaml.safe_dump(serve_config(config, options), sort_keys=False))
     console.print(f"wrote {path}")
 
 
 def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
-               port: int, address: str | None = None, proxy: str = "haproxy") -> None:
+               port: int, address: str | None = None, proxy: str = "haproxy",
+               access_log: bool = False) -> None:
     from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
     options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
-                           deployment=DeploymentOptions(num_replicas=replicas))
+                           deployment=DeploymentOptions(num_replicas=replicas,
+                                                        access_log=access_log))
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
     farm = start_farm(config, options, address=address)

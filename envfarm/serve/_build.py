@@ -13,7 +13,7 @@ from envfarm.catalog import Catalog, load_catalog
 from envfarm.farm import FarmConfig
 from envfarm.serve._deployments import Front
 from envfarm.serve._ingress import pool_application
-from envfarm.serve._options import DeploymentOptions, ServeOptions
+from envfarm.serve._options import DeploymentOptions, ServeOptions, access_logging
 
 FRONT_APP = "envfarm"
 
@@ -46,11 +46,12 @@ def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = No
             for k, p in enumerate(packs)]
 
 
-def front_deployment(replicas: int | None = None) -> Deployment:
+def front_deployment(replicas: int | None = None, access_log: bool = False) -> Deployment:
     """The front deployment (catalog, health, metrics, batch, packed envs)."""
     extra = {} if replicas is None else {"num_replicas": replicas}
     return serve.deployment(Front, name="front", max_ongoing_requests=1024,
-                            ray_actor_options={"num_cpus": 0}, **extra)
+                            ray_actor_options={"num_cpus": 0},
+                            logging_config=access_logging(access_log), **extra)
 
 
 def routes_of(plans: list[AppPlan]) -> tuple[dict[str, list[str]], dict[str, int]]:
@@ -67,7 +68,7 @@ def applications(config: FarmConfig, options: ServeOptions, plans: list[AppPlan]
         app = pool_application(config.with_envs(p.envs).model_dump(), p.options, options.proxy)
         targets.append(RunTarget(target=app, name=p.name, route_prefix=p.route_prefix))
     routes, replicas = routes_of(plans)
-    front = front_deployment(options.front_replicas)
+    front = front_deployment(options.front_replicas, options.deployment.access_log)
     targets.append(RunTarget(target=front.bind(config.model_dump(), routes, replicas),
                              name=FRONT_APP, route_prefix="/"))
     return targets

@@ -26,7 +26,7 @@ from ray.serve.config import RequestRouterConfig
 
 from envfarm.errors import EnvfarmError, ErrorKind
 from envfarm.farm import FarmConfig
-from envfarm.serve._options import DeploymentOptions
+from envfarm.serve._options import DeploymentOptions, access_logging
 
 Proxy = Literal["haproxy", "python"]
 
@@ -113,5 +113,6 @@ def pool_application(farm: dict[str, Any], options: DeploymentOptions, proxy: Pr
                             **options.serve_kwargs()).bind(farm)
     door = serve.deployment(Door, name="door", num_replicas=1,
                             max_ongoing_requests=options.max_ongoing_requests * 2,
-                            ray_actor_options={"num_cpus": 0})
+                            ray_actor_options={"num_cpus": 0},
+                            logging_config=access_logging(options.access_log))
     return door.bind(pool, FarmConfig.model_validate(farm).max_body_bytes)

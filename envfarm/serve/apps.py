@@ -35,6 +35,7 @@ class FrontAppArgs(BaseModel):
     farm: FarmConfig
     routes: dict[str, list[str]] = Field(description="env -> [app name, deployment name].")
     replicas: dict[str, int] = Field(default_factory=dict, description="app -> replicas.")
+    access_log: bool = Field(default=False, description="Serve's access log on the front.")
 
 
 def pool_app(args: dict[str, Any]) -> Application:
@@ -45,7 +46,8 @@ def pool_app(args: dict[str, Any]) -> Application:
 
 def front_app(args: dict[str, Any]) -> Application:
     a = FrontAppArgs.model_validate(args)
-    return front_deployment().bind(a.farm.model_dump(), a.routes, a.replicas)
+    return front_deployment(access_log=a.access_log).bind(a.farm.model_dump(), a.routes,
+                                                          a.replicas)
 
 
 def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
@@ -62,7 +64,8 @@ def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
             app["route_prefix"] = p.route_prefix
         apps.append(app)
     routes, replicas = routes_of(plans)
-    front = FrontAppArgs(farm=config, routes=routes, replicas=replicas)
+    front = FrontAppArgs(farm=config, routes=routes, replicas=replicas,
+                         access_log=options.deployment.access_log)
     apps.append({"name": FRONT_APP, "route_prefix": "/", "import_path":
                  "envfarm.serve.apps:front_app",
                  "args": front.model_dump(mode="json", exclude_defaults=True)})

@@ -61,11 +61,17 @@ def test_serve_writes_a_serve_config(cli, tmp_path):
     config = yaml.safe_load(out.read_text())
     assert config["applications"][-1]["route_prefix"] == "/"
     assert config["applications"][0]["args"]["deployment"]["num_replicas"] == 3
+    assert "access_log" not in config["applications"][0]["args"]["deployment"]  # off
+    result = runner.invoke(cli, ["serve", "--write-config", str(out), "--access-log"])
+    assert result.exit_code == 0, result.output
+    *pools, front = yaml.safe_load(out.read_text())["applications"]
+    assert front["args"]["access_log"] is True
+    assert all(p["args"]["deployment"]["access_log"] is True for p in pools)
 
 
 @pytest.mark.parametrize("flags", [["--pack", "2"], ["--replicas", "3"], ["--num-cpus", "2"],
                                    ["--address", "auto"], ["--replicas", "1"],
-                                   ["--write-config", "farm.yaml"],
+                                   ["--write-config", "farm.yaml"], ["--access-log"],
                                    ["--pack", "2", "--num-cpus", "4"]])
 def test_serve_no_ray_rejects_ray_only_flags(cli, flags, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

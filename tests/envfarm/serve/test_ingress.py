@@ -60,6 +60,31 @@ def test_pool_layout_per_ingress_mode():
     assert not behind_door(three, "python")
 
 
+def _logging(app) -> tuple[str, bool]:
+    cfg = app._bound_deployment._deployment_config.logging_config
+    return cfg["log_level"], cfg["enable_access_log"]
+
+
+def test_every_deployment_logs_at_warning_without_access_log_unless_asked(bundled_catalog):
+    """Pool, Door and front; built in code and from a written Serve config (`--access-log`)."""
+    from envfarm.farm import PoolConfig
+    from envfarm.serve import ServeOptions
+    from envfarm.serve.apps import front_app, pool_app, serve_config
+
+    farm = FarmConfig(envs=[FAST]).model_dump()
+    for on, expected in ((False, ("WARNING", False)), (True, ("INFO", True))):
+        door = pool_application(farm, DeploymentOptions(num_replicas=2, access_log=on),
+                                "haproxy")
+        (pool,) = [a for a in door._bound_deployment.init_args
+                   if hasattr(a, "_bound_deployment")]
+        assert _logging(door) == _logging(pool) == expected
+        options = ServeOptions(deployment=DeploymentOptions(access_log=on))
+        written = serve_config(FarmConfig(envs=[FAST], pool=PoolConfig(warm=2)), options)
+        *pools, front = written["applications"]
+        assert _logging(front_app(front["args"])) == expected
+        assert {_logging(pool_app(a["args"])) for a in pools} == {expected}
+
+
 def test_mode_env_round_trips():
     assert current_proxy(ingress_env("haproxy")) == "haproxy"
     assert current_proxy(ingress_env("python")) == "python"
@@ -173,6 +198,33 @@ async def test_haproxy_queues_past_64_connections_per_replica(haproxy_farm):
     assert 1 <= int(replica["smax"]) <= 65, replica["smax"]
     assert replica["status"] == "UP" and replica["chkdown"] == "0"
     assert fallback["stot"] == "0"  # nothing went through the Python-proxy fallback
+
+
+@pytest.mark.ray
+async def test_replicas_write_no_access_log_line_per_call(haproxy_farm):
+    """Serve logs every request at INFO into a 1,000-record buffer by default: a line (and a
+    formatted record) per tool call. The farm's deployments log at WARNING without the access
+    log, so 1,100 calls (past one buffer flush) leave no request line in the replica's log."""
+    import asyncio
+
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    (log,) = logs.glob(f"replica_env-{FAST}_pool_*.log")
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+    async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60, limits=limits) as c:
+        info = (await c.post(f"/envs/{FAST}/leases", json={})).json()
+        path = f"/envs/{FAST}/leases/{info['lease_id']}/call"
+
+        async def calls() -> set[int]:
+            return {(await c.post(path, headers=_auth(info), json={"tool": "get_my_profile"})
+                     ).status_code for _ in range(110)}
+
+        codes = set().union(*await asyncio.gather(*(calls() for _ in range(10))))
+        await c.delete(f"/envs/{FAST}/leases/{info['lease_id']}", headers=_auth(info))
+    assert codes == {200}
+    lines = log.read_text().splitlines()
+    assert not [x for x in lines if f" /envs/{FAST} " in x], lines[-3:]
 
 
 @pytest.mark.ray
