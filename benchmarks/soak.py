@@ -31,6 +31,8 @@ from benchmarks.bench_farm_load import ENV, auth, pct
 
 RESULTS = Path(__file__).parent / "results"
 LEASE_NAME = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{16}$")
+#: Lease TTL beyond the traffic's duration (acquiring 1,024 leases takes up to a minute or two).
+TTL_MARGIN_S = 900.0
 
 
 class Soak:
@@ -50,7 +52,9 @@ class Soak:
     async def _acquire(self, s: aiohttp.ClientSession) -> dict:
         while True:
             try:
-                async with s.post(f"{self.url}/envs/{ENV}/leases", json={}) as r:
+                # A TTL past the run: the default (1 h) would end every lease of a 1 h soak.
+                ttl = {"ttl_s": self.duration_s + TTL_MARGIN_S}
+                async with s.post(f"{self.url}/envs/{ENV}/leases", json=ttl) as r:
                     if r.status == 201:
                         info = await r.json()
                         body = {"tool": "create_wishlist",
