@@ -83,7 +83,10 @@ class Farm:
         self.url = f"http://127.0.0.1:{self.port}"
         args = [PY, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", str(warm),
                 "--port", str(self.port)]
-        proxy, *flags = kind.split("+")  # e.g. haproxy+access-log: `serve --access-log`
+        # e.g. haproxy+access-log: `serve --access-log`; haproxy@NAME=VALUE: that env variable.
+        kind, *assigns = kind.split("@")
+        env = {**os.environ, **dict(a.split("=", 1) for a in assigns)}
+        proxy, *flags = kind.split("+")
         args += (["--no-ray"] if kind == "no-ray" else
                  ["--proxy", proxy, "--num-cpus", "2", *(f"--{f}" for f in flags)])
         if kind == "frameworks":
@@ -91,7 +94,7 @@ class Farm:
         t0 = time.perf_counter()
         self.log = tempfile.NamedTemporaryFile(prefix=f"dataplane-{kind}-", suffix=".log",
                                                delete=False)
-        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True,
+        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         try:
             wait_http(self.url, f"/envs/{ENV}")
@@ -190,18 +193,21 @@ def wrk(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: i
 def wrk_with_cpu(url: str, requests: list[tuple[str, str, dict[str, str], str]], conns: int,
                  seconds: float) -> dict[str, Any]:
     """``wrk``, plus the busiest processes' CPU (cores, and µs per request) over all but the
-    run's first and last second: where each request's CPU goes."""
+    run's first and last second: where each request's CPU goes; and the machine's CPU per
+    request, every process but wrk (what serving one request costs the node)."""
     out: dict[str, Any] = {}
     load = threading.Thread(target=lambda: out.update(wrk(url, requests, conns, seconds)))
     load.start()
     time.sleep(1)
     before, t0 = cpu_seconds(), time.perf_counter()
     time.sleep(max(0.5, seconds - 2))
-    cpu = cores_between(before, cpu_seconds(), time.perf_counter() - t0)
+    cpu = cores_between(before, cpu_seconds(), time.perf_counter() - t0, top=10_000)
     load.join()
     for row in cpu:
         row["us_per_req"] = round(row["cores"] / out["req_per_s"] * 1e6, 1)
-    return {**out, "cpu": cpu}
+    served = sum(row["cores"] for row in cpu if not str(row["cmd"]).startswith("wrk "))
+    return {**out, "cpu": cpu[:8], "cores_but_wrk": round(served, 3),
+            "us_per_req_but_wrk": round(served / out["req_per_s"] * 1e6, 1)}
 
 
 # -- measurements ----------------------------------------------------------------------------
@@ -325,7 +331,8 @@ def main() -> None:
     ap.add_argument("--awm", type=int, default=4, help="AWM processes")
     ap.add_argument("--out", type=Path, default=OUT, help="where the raw JSON goes")
     ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run, "
-                    "comma-separated; `haproxy+access-log` adds `serve --access-log` (empty: "
+                    "comma-separated; `haproxy+access-log` adds `serve --access-log`, `haproxy@NAME=VALUE` "
+                    "sets an environment variable for that farm (empty: "
                     "only the --no-ray process, with and without the fast paths)")
     ap.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                     help="add a header to every call request (repeatable)")

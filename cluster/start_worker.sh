@@ -7,6 +7,7 @@ export RAY_SERVE_ENABLE_HA_PROXY=$on RAY_SERVE_THROUGHPUT_OPTIMIZED=$on
 # The farm's tuning (why: envfarm/serve/_ingress.py, HAPROXY_TUNING and RAY_TUNING).
 export RAY_SERVE_HAPROXY_HEALTH_CHECK_DOWNINTER="${RAY_SERVE_HAPROXY_HEALTH_CHECK_DOWNINTER:-250ms maxconn 64}"
 export RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S="${RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S:-30}"
+export RAY_SERVE_HAPROXY_METRICS_ENABLED="${RAY_SERVE_HAPROXY_METRICS_ENABLED:-0}"
 export RAY_task_events_report_interval_ms="${RAY_task_events_report_interval_ms:-0}"
 : "${RAY_HEAD_IP:?set RAY_HEAD_IP to the cluster address of the head}"
 exec ray start --address "$RAY_HEAD_IP:${RAY_PORT:-6379}" --num-cpus "${RAY_NUM_CPUS:-$(nproc)}" \

@@ -59,6 +59,11 @@ HAPROXY_TUNING = {
     # That queue waits up to ``timeout connect`` (Serve sets no ``timeout queue``); Serve's 5 s
     # turned a 1,024-deep queue into 503s. A dead local replica still fails at once (refused).
     "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S": "30",
+    # For Serve's HTTP metrics HAProxy sends a log line per request to the node's HAProxyManager,
+    # one Python actor, which parses it: ~100 µs of CPU per request (RESULTS.md, "Serve's own
+    # cost"), a whole core at ~10k requests/s per node. Off, each replica counts its own
+    # requests (a few µs each, spread over the replicas); the farm's /metrics counts calls.
+    "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",
 }
 #: Ray core settings for a farm in any mode: per-task events (the dashboard's task table) cost
 #: memory on every handle call (an actor grew 15 MiB over 100k calls, flat without) and no farm

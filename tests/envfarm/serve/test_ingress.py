@@ -169,13 +169,15 @@ async def test_farm_runs_haproxy_ingress_and_refuses_the_other_mode(haproxy_farm
 
 @pytest.mark.ray
 async def test_haproxy_queues_past_64_connections_per_replica(haproxy_farm):
-    """The tuning reaches HAProxy's config, and 160 clients at once get at most 64
-    connections to the replica (the rest queue in HAProxy), every answer a 200, no fallback."""
+    """The tuning reaches HAProxy's config (maxconn, no per-request metrics log), and 160
+    clients at once get at most 64 connections to the replica (the rest queue in HAProxy),
+    every answer a 200, no fallback."""
     import asyncio
 
     text = haproxy_config(haproxy_farm.url)
     backend = text.split(f"\nbackend http-env-{FAST}\n", 1)[1].split("\nbackend ", 1)[0]
     assert "maxconn 64" in backend
+    assert "log-format-sd" not in text  # no log line per request to the HAProxyManager
     limits = httpx.Limits(max_connections=160, max_keepalive_connections=160)
     async with httpx.AsyncClient(base_url=haproxy_farm.url, timeout=60, limits=limits) as c:
         infos = [(await c.post(f"/envs/{FAST}/leases", json={})).json() for _ in range(16)]
