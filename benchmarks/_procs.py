@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_http(url: str, timeout_s: float = 120.0) -> None:
@@ -35,10 +40,16 @@ def cpu_seconds() -> dict[int, tuple[str, float]]:
     return out
 
 
-def cores_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-                  seconds: float, top: int = 8) -> list[dict[str, object]]:
-    """The busiest processes between two ``cpu_seconds()`` snapshots, in cores."""
-    rows = [(after[p][1] - before[p][1]) / seconds for p in after if p in before]
-    names = [after[p][0] for p in after if p in before]
-    busiest = sorted(zip(rows, names), reverse=True)[:top]
-    return [{"cmd": name, "cores": round(cores, 3)} for cores, name in busiest if cores > 0.005]
+def cores_while(run: Callable[[], T], seconds: float) -> tuple[T, dict[int, tuple[str, float]]]:
+    """``run()`` (lasting about ``seconds``) in a thread, and every process's CPU in cores over
+    all but its first and last second: pid -> (short command, cores)."""
+    out: list[T] = []
+    worker = threading.Thread(target=lambda: out.append(run()))
+    worker.start()
+    time.sleep(1)
+    before, t0 = cpu_seconds(), time.perf_counter()
+    time.sleep(max(0.5, seconds - 2))
+    after, dt = cpu_seconds(), time.perf_counter() - t0
+    worker.join()
+    return out[0], {pid: (cmd, (cpu - before[pid][1]) / dt)
+                    for pid, (cmd, cpu) in after.items() if pid in before}

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._procs import cores_between, cpu_seconds
+from benchmarks._procs import cores_while
 
 PY = sys.executable
 ENV = "hotel_booking_1"
@@ -195,17 +194,11 @@ def wrk_with_cpu(url: str, requests: list[tuple[str, str, dict[str, str], str]],
     """``wrk``, plus the busiest processes' CPU (cores, and µs per request) over all but the
     run's first and last second: where each request's CPU goes; and the machine's CPU per
     request, every process but wrk (what serving one request costs the node)."""
-    out: dict[str, Any] = {}
-    load = threading.Thread(target=lambda: out.update(wrk(url, requests, conns, seconds)))
-    load.start()
-    time.sleep(1)
-    before, t0 = cpu_seconds(), time.perf_counter()
-    time.sleep(max(0.5, seconds - 2))
-    cpu = cores_between(before, cpu_seconds(), time.perf_counter() - t0, top=10_000)
-    load.join()
-    for row in cpu:
-        row["us_per_req"] = round(row["cores"] / out["req_per_s"] * 1e6, 1)
-    served = sum(row["cores"] for row in cpu if not str(row["cmd"]).startswith("wrk "))
+    out, cores = cores_while(lambda: wrk(url, requests, conns, seconds), seconds)
+    busy = sorted(((c, cmd) for cmd, c in cores.values() if c > 0.005), reverse=True)
+    cpu = [{"cmd": cmd, "cores": round(c, 3), "us_per_req": round(c / out["req_per_s"] * 1e6, 1)}
+           for c, cmd in busy]
+    served = sum(c for c, cmd in busy if not cmd.startswith("wrk "))
     return {**out, "cpu": cpu[:8], "cores_but_wrk": round(served, 3),
             "us_per_req_but_wrk": round(served / out["req_per_s"] * 1e6, 1)}
 
@@ -331,8 +324,8 @@ def main() -> None:
     ap.add_argument("--awm", type=int, default=4, help="AWM processes")
     ap.add_argument("--out", type=Path, default=OUT, help="where the raw JSON goes")
     ap.add_argument("--modes", default="haproxy,python", help="Serve ingress modes to run, "
-                    "comma-separated; `haproxy+access-log` adds `serve --access-log`, `haproxy@NAME=VALUE` "
-                    "sets an environment variable for that farm (empty: "
+                    "comma-separated; `haproxy+access-log` adds `serve --access-log`, "
+                    "`haproxy@NAME=VALUE` sets an environment variable for that farm (empty: "
                     "only the --no-ray process, with and without the fast paths)")
     ap.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
                     help="add a header to every call request (repeatable)")

@@ -3,7 +3,7 @@ of a trivial ASGI app (answers ``{}``) for Serve's logging settings and request 
 the same app in a plain uvicorn process.
 
 Each variant redeploys the app, then ``wrk`` sends 32 connections of POSTs; the figure is the
-replica process's CPU seconds (``/proc``) over the middle of the run divided by the requests
+replica process's CPU seconds over the middle of the run divided by the requests
 served: what one request costs Serve's replica, whatever else shares the machine. Variants run
 interleaved, ``--rounds`` times.
 
@@ -22,7 +22,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._procs import cores_while
 from benchmarks.bench_dataplane import free_port, wrk
 
 OUT = REPO / "benchmarks" / "results" / "serve_overhead.json"
-TICK = os.sysconf("SC_CLK_TCK")
 NO_DISCONNECT = {"x-request-disconnect-disabled": "?1"}  # what the envfarm SDK sends
 #: name -> (the deployment's Serve logging_config, extra request headers).
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -56,11 +55,6 @@ async def trivial_app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 def replica_pid(title: str) -> int:
     """The newest process whose title is a Serve replica's (Ray sets ``ray::<actor>``)."""
     out = subprocess.run(["pgrep", "-n", "-f", title], capture_output=True, text=True,
@@ -70,16 +64,10 @@ def replica_pid(title: str) -> int:
 
 def drive(url: str, pid: int, headers: dict[str, str], seconds: float) -> dict[str, float]:
     """wrk for ``seconds``; CPU of ``pid`` over all but its first and last second."""
-    out: dict[str, Any] = {}
     reqs = [("POST", "/t/x", {"Content-Type": "application/json", **headers}, "{}")]
-    load = threading.Thread(target=lambda: out.update(wrk(url, reqs, 32, seconds)))
-    load.start()
-    time.sleep(1)
-    c0, t0 = cpu_s(pid), time.perf_counter()
-    time.sleep(seconds - 2)
-    cores = (cpu_s(pid) - c0) / (time.perf_counter() - t0)
-    load.join()
+    out, cores_by_pid = cores_while(lambda: wrk(url, reqs, 32, seconds), seconds)
     assert out["non_2xx"] == 0, out
+    cores = cores_by_pid[pid][1]
     return {"req_per_s": out["req_per_s"], "cores": round(cores, 3),
             "us_per_req": round(cores / out["req_per_s"] * 1e6, 1)}
 

@@ -50,10 +50,10 @@ class Soak:
         self.stop = asyncio.Event()
 
     async def _acquire(self, s: aiohttp.ClientSession) -> dict:
+        # A TTL past the run: the default (1 h) would end every lease of a 1 h soak.
+        ttl = {"ttl_s": self.duration_s + TTL_MARGIN_S}
         while True:
             try:
-                # A TTL past the run: the default (1 h) would end every lease of a 1 h soak.
-                ttl = {"ttl_s": self.duration_s + TTL_MARGIN_S}
                 async with s.post(f"{self.url}/envs/{ENV}/leases", json=ttl) as r:
                     if r.status == 201:
                         info = await r.json()

@@ -60,7 +60,7 @@ HAPROXY_TUNING = {
     # turned a 1,024-deep queue into 503s. A dead local replica still fails at once (refused).
     "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S": "30",
     # For Serve's HTTP metrics HAProxy sends a log line per request to the node's HAProxyManager,
-    # one Python actor, which parses it: ~100 µs of CPU per request (RESULTS.md, "Serve's own
+    # one Python actor, which parses it: ~90 µs of CPU per request (RESULTS.md, "Serve's own
     # cost"), a whole core at ~10k requests/s per node. Off, each replica counts its own
     # requests (a few µs each, spread over the replicas); the farm's /metrics counts calls.
     "RAY_SERVE_HAPROXY_METRICS_ENABLED": "0",

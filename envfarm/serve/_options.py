@@ -23,7 +23,7 @@ class DeploymentOptions(BaseModel):
     access_log: bool = Field(
         default=False,
         description="Serve's access log: a line per request in the replica's log file, i.e. "
-                    "per tool call (~140 bytes and ~30 µs of replica CPU each; the status page "
+                    "per tool call (~140 bytes and ~25 µs of replica CPU each; the status page "
                     "and /metrics count calls without it). Off also sets Serve's replica "
                     "logger to WARNING.")
 
@@ -43,8 +43,8 @@ def access_logging(on: bool) -> dict[str, Any]:
 
     Off means Serve's logger at WARNING, not just ``enable_access_log=False``: that flag is a
     handler filter, so Serve still builds and formats every access record first. Measured on a
-    trivial app (RESULTS.md, "Serve's own cost per request"): INFO with the access log ~145 µs
-    of replica CPU per request, the filter ~125 µs, WARNING ~115 µs. Serve's INFO lines about
+    trivial app (RESULTS.md, "Serve's own cost per request"): INFO with the access log 153 µs
+    of replica CPU per request, the filter 138 µs, WARNING 128 µs. Serve's INFO lines about
     the replica (start, stop) go with it; warnings and errors stay."""
     return {"enable_access_log": on, "log_level": "INFO" if on else "WARNING"}
 
