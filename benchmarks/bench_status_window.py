@@ -31,7 +31,7 @@ class NoWindow:
 
 
 async def per_call_us(core: FarmCore, calls: int) -> float:
-    lease = core.lease(ENV, (info := core.create_lease(ENV, LeaseRequest())).lease_id,
+    lease = core.lease(ENV, (info := await core.create_lease(ENV, LeaseRequest())).lease_id,
                        info.token)
     started = time.perf_counter()
     for _ in range(calls):
@@ -42,7 +42,7 @@ async def per_call_us(core: FarmCore, calls: int) -> float:
 
 
 async def side_by_side(rounds: int, calls: int) -> dict[str, list[float]]:
-    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2)))
+    core = FarmCore(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2), isolation="in_process"))
     window = core.window
     await per_call_us(core, 200)  # warm up
     runs: dict[str, list[float]] = {"window": [], "no_window": []}

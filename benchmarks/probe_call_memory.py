@@ -37,8 +37,10 @@ async def _calls(core, leases, rounds: int) -> None:
 
 
 async def probe(rss_rounds: int) -> dict:
-    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8)), owner="probe")
-    leases = [core.leases[core.create_lease(ENV, LeaseRequest()).lease_id] for _ in range(16)]
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8), isolation="in_process"),
+                        owner="probe")
+    leases = [core.leases[(await core.create_lease(ENV, LeaseRequest())).lease_id]
+              for _ in range(16)]
     for lease in leases:
         await core.call(lease, "create_wishlist", {"name": lease.lease_id})
     rss = []

@@ -113,7 +113,7 @@ def _serve_local(config: FarmConfig, host: str, port: int) -> None:
     core = compose_core(config)
     free = sum(s.free for s in core.pool_stats())
     console.print(f"envfarm (no Ray) listening on http://{host}:{port} — "
-                  f"{len(core.runtimes)} envs, {free} instances ready; Ctrl-C to stop")
+                  f"{len(core.envs)} envs, {free} instances ready; Ctrl-C to stop")
     for problem in core.problems:
         console.print(f"[yellow]not served:[/yellow] {problem}")
     make_server(core, host, port).run()  # uvicorn handles Ctrl-C and shuts down cleanly
@@ -187,7 +187,7 @@ def demo(catalog: CatalogOpt = None,
     if no_ray:
         local = LocalFarm(config, port=port).start()
         url, stop = local.url, local.stop
-        console.print(f"farm (no Ray) up on {url} with {len(local.core.runtimes)} envs")
+        console.print(f"farm (no Ray) up on {url} with {len(local.core.envs)} envs")
     else:
         from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 

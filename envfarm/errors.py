@@ -36,6 +36,7 @@ __all__ = [
     "AgentError",
     "BadRequest",
     "CatalogError",
+    "ConfinementUnavailable",
     "EnvCallError",
     "EnvLoadError",
     "EnvNotFound",
@@ -205,6 +206,13 @@ class PoolExhausted(LeaseError):
     status_code = 503
 
 
+class ConfinementUnavailable(EnvfarmError):
+    """The kernel cannot confine env workers, and the farm was not told to run unconfined."""
+
+    kind = ErrorKind.unavailable
+    status_code = 503
+
+
 class VerifierError(EnvfarmError):
     """Verifier code raised, timed out, returned garbage or tried something forbidden."""
 
@@ -251,7 +259,7 @@ HTTP_STATUS: dict[type[EnvfarmError], int] = {
     for cls in (
         CatalogError, EnvNotFound, EnvLoadError, AgentError, EnvCallError, LeaseError, BadRequest,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
-        LeaseGone, PoolExhausted, VerifierError, JudgeError, SynthesisError, LLMError,
+        LeaseGone, PoolExhausted, ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
         TransportError,
     )
 }

@@ -125,6 +125,10 @@ class PoolStats(_Wire):
     resetting: int = Field(description="Released instances being reset in the background.")
     warm_target: int = Field(description="How many free instances the pool keeps ready.")
     max_instances: int = Field(description="Upper bound of instances in this pool.")
+    workers: int | None = Field(default=None, description=(
+        "Env worker processes serving it now (None: its code runs in the front, in-process)."))
+    workers_started: int | None = Field(default=None, description=(
+        "Workers started over its life; more than `workers` means some were replaced."))
 
 
 class LeaseRequest(_Wire):
@@ -245,6 +249,8 @@ class Health(_Wire):
     envs: list[str]
     leases_active: int
     free_instances: int
+    isolation: str = Field(default="", description=(
+        "Where env code runs: confined workers, UNCONFINED workers, or in-process."))
 
 
 class ErrorBody(_Wire):

@@ -108,14 +108,14 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
               responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
     async def create_lease(env: EnvName, req: Annotated[LeaseRequest | None, Body()] = None
                            ) -> LeaseInfo:
-        return core.create_lease(env, req or LeaseRequest())
+        return await core.create_lease(env, req or LeaseRequest())
 
     @app.post("/envs/{env}/leases:batch", response_model=list[LeaseInfo], status_code=201,
               tags=["leases"],
               responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
     async def create_leases(env: EnvName, req: LeaseBatchRequest) -> list[LeaseInfo]:
         body = LeaseRequest.model_validate(req.model_dump(exclude={"count"}))
-        return core.create_leases(env, body, req.count)
+        return await core.create_leases(env, body, req.count)
 
     lease_errors = {k: _ERRORS[k] for k in (401, 403, 404, 410)}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,6 +53,17 @@ class FarmConfig(BaseModel):
     verifier_workers: int = Field(default=1, ge=1, le=64,
                                   description="Sandbox worker processes for verifiers.")
     verifier_timeout_s: float = Field(default=10.0, gt=0)
+    isolation: Literal["workers", "in_process"] = Field(default="workers", description=(
+        "Where env code runs: 'workers' (confined worker processes; this process never runs "
+        "generated code) or 'in_process' (trusted catalogs and baselines only)."))
+    leases_per_worker: int = Field(default=64, ge=1, le=4096, description=(
+        "Instances one env worker holds: a worker that crashes loses at most this many leases."))
+    worker_memory_mb: int = Field(default=2048, ge=128, description="Address space per worker.")
+    call_timeout_s: float = Field(default=10.0, gt=0, le=600, description=(
+        "A tool call past this is an env_error; a worker silent 2 s past it is killed."))
+    allow_unconfined: bool = Field(default=False, description=(
+        "Serve through workers even where the kernel cannot confine them (no seccomp or "
+        "landlock): only for catalogs you trust; the status page says UNCONFINED."))
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))

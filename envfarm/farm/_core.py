@@ -16,10 +16,12 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from envfarm.catalog import Catalog, load_catalog, normalize_name
 from envfarm.errors import (
+    ConfinementUnavailable,
     EnvfarmError,
     EnvLoadError,
     EnvNotFound,
@@ -31,12 +33,13 @@ from envfarm.errors import (
 )
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
-from envfarm.farm._pool import InstancePool
+from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
-from envfarm.runtime import EnvRuntime, Instance
+from envfarm.runtime import EnvRuntime
 from envfarm.verdict import EpisodeVerifier, Outcome, Verdict
+from envfarm.worker import WorkerEnv, WorkerLost, WorkerOptions, WorkerStartError
 from envfarm.wire import (
     BatchError,
     BatchItem,
@@ -71,7 +74,7 @@ class LeaseRecord:
     lease_id: str
     env: str
     token: str
-    instance: Instance
+    instance: InstanceHandle
     task_idx: int | None
     expires_at: float
     idle_timeout_s: float
@@ -91,28 +94,32 @@ class FarmCore:
                  catalog: Catalog | None = None,
                  runtimes: dict[str, EnvRuntime] | None = None,
                  verifier: VerifierFactory | None = None) -> None:
-        """``runtimes``: envs compiled already (they hold no lease state, so cores may share).
-        ``verifier``: makes what judges ``verify`` calls (``envfarm.compose`` hands in the
-        judge); without one, every verification is invalid."""
+        """``runtimes``: envs compiled already in this process (trusted: they are served
+        in-process, whatever ``config.isolation`` says). ``verifier``: makes what judges
+        ``verify`` calls (``envfarm.compose`` hands in the judge); without one, every
+        verification is invalid."""
         self.config = config
         self.owner = owner or new_owner_tag()
         if "-" in self.owner:
             raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
         self.catalog = catalog or load_catalog(config.catalog)
         self.problems: list[str] = []
-        self.runtimes: dict[str, EnvRuntime] = {}
-        self.pools: dict[str, InstancePool] = {}
-        for name in self._envs_to_serve():
+        self.isolation, self._workers = _isolation(config)
+        self.envs: dict[str, ServedEnv] = {}
+        names = self._envs_to_serve()
+        with ThreadPoolExecutor(max_workers=max(1, min(4, len(names))),
+                                thread_name_prefix="envfarm-load") as pool:
+            loading = {name: pool.submit(self._serve_env, name, runtimes or {})
+                       for name in names}
+        for name, future in loading.items():
             try:
-                runtime = (runtimes or {}).get(name) or EnvRuntime(self.catalog[name])
+                self.envs[name] = future.result()
             except EnvLoadError as exc:
                 if config.envs is not None:
+                    self._close_envs_now()
                     raise  # asked for by name: fail loudly
                 self.problems.append(f"{name}: {exc.message}")
                 log.warning("not serving %s: %s", name, exc.message)
-                continue
-            self.runtimes[name] = runtime
-            self.pools[name] = InstancePool(runtime, config.pool_for(name))
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str], str] = {}
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
@@ -120,6 +127,23 @@ class FarmCore:
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
+
+    def _serve_env(self, name: str, runtimes: dict[str, EnvRuntime]) -> ServedEnv:
+        bundle, pool = self.catalog[name], self.config.pool_for(name)
+        if name in runtimes or self._workers is None:
+            runtime = runtimes.get(name) or EnvRuntime(
+                bundle, call_timeout_s=self.config.call_timeout_s)
+            return LocalEnv(runtime, pool)
+        try:
+            return WorkerEnv(bundle, self._workers, warm=pool.warm,
+                             max_instances=pool.max_instances)
+        except WorkerStartError as exc:
+            raise EnvLoadError(str(exc), env=name) from None
+
+    def _close_envs_now(self) -> None:
+        for served in self.envs.values():
+            if isinstance(served, WorkerEnv):
+                served.kill_all("farm failed to start")
 
     def _envs_to_serve(self) -> list[str]:
         if self.config.envs is None:
@@ -142,8 +166,8 @@ class FarmCore:
             self._reaper = None
         for lease in list(self.leases.values()):
             self._close(lease, "farm shut down")
-        for pool in self.pools.values():
-            await pool.drain()
+        for served in self.envs.values():
+            await served.aclose()
         await self.verifier.aclose()
 
     async def _reap_forever(self) -> None:
@@ -168,59 +192,67 @@ class FarmCore:
 
     # -- catalog --------------------------------------------------------------------------------
     def env_names(self) -> list[str]:
-        return sorted(self.runtimes)
+        return sorted(self.envs)
 
     def summaries(self) -> list[EnvSummary]:
         return [self._summary(name) for name in self.catalog.names]
 
     def _summary(self, name: str) -> EnvSummary:
-        return EnvSummary.of(self.catalog[name], served=name in self.runtimes)
+        return EnvSummary.of(self.catalog[name], served=name in self.envs)
 
     def detail(self, env: str) -> EnvDetail:
         name = normalize_name(env)
         summary = self._summary(self.catalog[name].name)
-        runtime = self.runtimes.get(name)
+        served = self.envs.get(name)
         return EnvDetail(**summary.model_dump(), task_list=list(self.catalog[name].tasks),
-                         tools=runtime.tools if runtime else [],
-                         pool=self.pools[name].stats() if runtime else None)
+                         tools=served.tools if served else [],
+                         pool=served.pool_stats() if served else None)
 
-    def runtime(self, env: str) -> EnvRuntime:
+    def served(self, env: str) -> ServedEnv:
         name = normalize_name(env)
-        if name not in self.runtimes:
+        if name not in self.envs:
             if name in self.catalog:
                 raise EnvNotFound(f"env {name!r} is in the catalog but not served here "
                                   f"(served: {', '.join(self.env_names())})", env=env)
             self.catalog[name]  # raises EnvNotFound with the known names
-        return self.runtimes[name]
+        return self.envs[name]
 
     def pool_stats(self) -> list[PoolStats]:
-        return [p.stats() for p in self.pools.values()]
+        return [served.pool_stats() for served in self.envs.values()]
 
     def health(self) -> Health:
         return Health(owner=self.owner, envs=self.env_names(), leases_active=len(self.leases),
-                      free_instances=sum(s.free for s in self.pool_stats()))
+                      free_instances=sum(s.free for s in self.pool_stats()),
+                      isolation=self.isolation)
 
     def replica_status(self, app: str | None = None) -> ReplicaStatus:
         """This process's part of the status page."""
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
-                             pools=self.pool_stats(), window=self.window.snapshot())
+                             pools=self.pool_stats(), window=self.window.snapshot(),
+                             isolation=self.isolation)
 
     # -- leases ---------------------------------------------------------------------------------
-    def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "") -> LeaseInfo:
+    async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = ""
+                           ) -> LeaseInfo:
         started = time.perf_counter()
-        runtime = self.runtime(env)
-        name = runtime.name
+        served = self.served(env)
+        name = served.name
         if req.idempotency_key is not None:
             known = self._idempotent.get((name, req.idempotency_key))
             if known is not None and known in self.leases:
                 return self._info(self.leases[known], mcp_prefix)
-        tasks = runtime.bundle.tasks
+        tasks = served.bundle.tasks
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
-        instance = self.pools[name].acquire()
+        instance = await served.acquire()
+        if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
+            known = self._idempotent.get((name, req.idempotency_key))
+            if known is not None and known in self.leases:
+                served.release(instance)
+                return self._info(self.leases[known], mcp_prefix)
         lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
                             token=secrets.token_urlsafe(24), instance=instance,
                             task_idx=req.task_idx, expires_at=time.time() + ttl,
@@ -233,18 +265,19 @@ class FarmCore:
         self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
         return self._info(lease, mcp_prefix)
 
-    def create_leases(self, env: str, req: LeaseRequest, count: int) -> list[LeaseInfo]:
+    async def create_leases(self, env: str, req: LeaseRequest, count: int) -> list[LeaseInfo]:
         """``count`` leases at once (idempotency keys get ``-<i>`` suffixes)."""
         out = []
         for i in range(count):
             key = None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
-            out.append(self.create_lease(env, req.model_copy(update={"idempotency_key": key})))
+            out.append(await self.create_lease(
+                env, req.model_copy(update={"idempotency_key": key})))
         return out
 
     def _info(self, lease: LeaseRecord, mcp_prefix: str) -> LeaseInfo:
         task = None
         if lease.task_idx is not None:
-            task = self.runtimes[lease.env].bundle.tasks[lease.task_idx]
+            task = self.envs[lease.env].bundle.tasks[lease.task_idx]
         return LeaseInfo(lease_id=lease.lease_id, env=lease.env, token=lease.token,
                          expires_at=lease.expires_at, idle_timeout_s=lease.idle_timeout_s,
                          mcp_url=f"{mcp_prefix}/envs/{lease.env}/leases/{lease.lease_id}/mcp",
@@ -266,8 +299,16 @@ class FarmCore:
         if lease.expires_at <= time.time():
             self._close(lease, "expired (its TTL ran out)")
             raise self._missing(lease_id)
+        if lease.instance.lost is not None:
+            raise self._lost(lease, lease.instance.lost)
         lease.touch()
         return lease
+
+    def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
+        """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
+        self._close(lease, f"lease_lost: {why}")
+        return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
+                         "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
 
     def _missing(self, lease_id: str) -> EnvfarmError:
         why = self._closed.get(lease_id)
@@ -299,7 +340,7 @@ class FarmCore:
         self._closed[lease.lease_id] = why
         while len(self._closed) > self.config.leases.tombstones:
             self._closed.popitem(last=False)
-        self.pools[lease.env].release(lease.instance)
+        self.envs[lease.env].release(lease.instance)
         self.metrics.lease_events.labels(lease.env, why.split(" ")[0]).inc()
 
     # -- per-lease operations -------------------------------------------------------------------
@@ -307,7 +348,10 @@ class FarmCore:
         return lease.instance.tools
 
     async def call(self, lease: LeaseRecord, tool: str, arguments: dict) -> CallResult:
-        res = await lease.instance.call(tool, arguments)
+        try:
+            res = await lease.instance.call(tool, arguments)
+        except WorkerLost as exc:
+            raise self._lost(lease, exc.reason) from None
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
@@ -319,13 +363,17 @@ class FarmCore:
         return res
 
     async def reset(self, lease: LeaseRecord) -> None:
-        async with lease.instance.lock:
-            lease.instance.reset()
-            lease.env_errors.clear()  # a new episode begins
+        try:
+            await lease.instance.reset()
+        except WorkerLost as exc:
+            raise self._lost(lease, exc.reason) from None
+        lease.env_errors.clear()  # a new episode begins
 
     async def snapshot(self, lease: LeaseRecord) -> bytes:
-        async with lease.instance.lock:
-            return lease.instance.snapshot()
+        try:
+            return await lease.instance.snapshot()
+        except WorkerLost as exc:
+            raise self._lost(lease, exc.reason) from None
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
         task_idx = req.task_idx if req.task_idx is not None else lease.task_idx
@@ -344,8 +392,7 @@ class FarmCore:
                                  error_kind="env_error",
                                  details={"env_errors": list(lease.env_errors)})
         else:
-            async with lease.instance.lock:
-                initial, final = lease.instance.initial_snapshot(), lease.instance.snapshot()
+            initial, final = lease.instance.initial_snapshot(), await self.snapshot(lease)
             verifier = bundle.code_verifiers.get(task_idx)
             verdict = await (await self.verifier.get()).verify(
                 verifier.code if verifier else None, initial, final,
@@ -400,3 +447,26 @@ class _LazyVerifier:
         if self._verifier is not None:
             await self._verifier.aclose()
             self._verifier = None
+
+
+def _isolation(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
+    """How this farm runs env code: a description (health, status page) and worker options
+    (None: in this process). Refuses workers the kernel cannot confine, unless allowed."""
+    if config.isolation == "in_process":
+        return "in-process (trusted catalog: env code runs in the serving process)", None
+    from envfarm import jail
+
+    support = jail.support()
+    confined = support.ok
+    if not confined and not config.allow_unconfined:
+        raise ConfinementUnavailable(
+            f"this kernel cannot confine env workers ({support.describe()}); refusing to run "
+            "generated code. Start with --allow-unconfined for a catalog you trust, or "
+            "--in-process to run it in the serving process", reason=support.describe())
+    options = WorkerOptions(leases_per_worker=config.leases_per_worker,
+                            call_timeout_s=config.call_timeout_s,
+                            memory_mb=config.worker_memory_mb, jail=confined,
+                            stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
+    if confined:
+        return f"workers, confined ({support.describe()})", options
+    return f"workers, UNCONFINED (--allow-unconfined; {support.describe()})", options

@@ -63,11 +63,11 @@ class LeaseMCP:
         self.fast_path = fast_path
         self.fast_calls = 0  # tools/call answered without FastMCP (tests, operators)
         self.tools = {env: {t.name: t for t in runtime.tools}
-                      for env, runtime in core.runtimes.items()}
+                      for env, runtime in core.envs.items()}
         self.server_info: dict[str, dict[str, str]] = {}
         self.apps: dict[str, ASGIApp] = {}
         self._lifespans: list[Any] = []
-        for env, runtime in core.runtimes.items():
+        for env, runtime in core.envs.items():
             server = _server(env, runtime.tools)
             self.server_info[env] = {"name": server.name, "version": str(server.version)}
             app = server.http_app(

@@ -35,6 +35,7 @@ class ReplicaStatus(_Model):
     leases: int = Field(description="Leases it holds.")
     pools: list[PoolStats]
     window: dict[str, WindowStats] = Field(description="env -> the last seconds' activity.")
+    isolation: str = Field(default="", description="Where its env code runs (confined or not).")
 
 
 class ReplicaInfo(_Model):

@@ -111,8 +111,8 @@ class PoolReplica:
 
     async def create_lease(self, env: str, request: dict[str, Any] | None = None,
                            owner: str | None = None) -> dict[str, Any]:
-        return self.core.create_lease(env, LeaseRequest.model_validate(request or {})
-                                      ).model_dump()
+        info = await self.core.create_lease(env, LeaseRequest.model_validate(request or {}))
+        return info.model_dump()
 
     async def release(self, env: str, lease_id: str, token: str, owner: str) -> dict[str, Any]:
         return self.core.release(env, lease_id, token).model_dump()

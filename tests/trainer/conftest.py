@@ -35,7 +35,7 @@ async def farm(farm_core) -> AsyncIterator[Farm]:
 
 def leased(core: FarmCore) -> int:
     """Leases the farm holds right now (0 when every episode gave its lease back)."""
-    return sum(pool.stats().leased for pool in core.pools.values())
+    return sum(stats.leased for stats in core.pool_stats())
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ async def client(local_farm):
 
 
 def leased(farm: LocalFarm) -> int:
-    return sum(pool.stats().leased for pool in farm.core.pools.values())
+    return sum(stats.leased for stats in farm.core.pool_stats())
 
 
 @pytest.fixture(scope="module")

@@ -67,9 +67,9 @@ async def test_released_instance_comes_back_reset(client, core):
                       json={"tool": "create_wishlist", "arguments": {"name": "dirty"}})
     await client.delete(path, headers=auth)
     await asyncio.sleep(0.05)  # the background reset
-    stats = core.pools[ENV].stats()
+    stats = core.envs[ENV].pool.stats()
     assert stats.leased == 0 and stats.resetting == 0 and stats.free >= 2
-    for inst in core.pools[ENV]._free:
+    for inst in core.envs[ENV].pool._free:
         assert inst.snapshot() == inst.initial_snapshot()
 
 

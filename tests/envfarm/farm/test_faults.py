@@ -73,15 +73,15 @@ async def test_expired_lease_is_gone_and_reaped(make_core):
             await asyncio.sleep(0.15)
             r = await client.get(path + "/tools", headers=auth)
             assert r.status_code == 410 and "expired" in r.json()["error"]["message"]
-            assert core.pools[ENV].stats().leased == 0
+            assert core.envs[ENV].pool.stats().leased == 0
 
 
-def test_idle_leases_are_reaped(make_core):
+async def test_idle_leases_are_reaped(make_core):
     core = make_core(leases=LeasePolicy(idle_timeout_s=5))
-    core.create_lease(ENV, __import__("envfarm.farm", fromlist=["LeaseRequest"]).LeaseRequest())
+    await core.create_lease(ENV, __import__("envfarm.farm", fromlist=["LeaseRequest"]).LeaseRequest())
     assert core.reap(now_mono=time.monotonic() + 1) == 0
     assert core.reap(now_mono=time.monotonic() + 10) == 1
-    assert not core.leases and core.pools[ENV].stats().leased == 0
+    assert not core.leases and core.envs[ENV].pool.stats().leased == 0
 
 
 async def test_full_pool_is_503(make_core):
@@ -108,7 +108,7 @@ async def test_broken_verifier_gives_invalid_reward(make_core, bundled_catalog):
     from envfarm.farm import FarmConfig
 
     core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1)), catalog=catalog,
-                    runtimes={ENV: make_core().runtimes[ENV]})
+                    runtimes={ENV: make_core().envs[ENV].runtime})
     async with farm_client(core) as client:
         if True:
             path, auth, _ = await new_lease(client, task_idx=0)

@@ -1,0 +1,98 @@
+"""The envs a farm core serves, behind one small interface, in one of two isolations.
+
+- ``workers`` (the default): env code runs in confined worker processes
+  (``envfarm.worker.WorkerEnv`` implements ``ServedEnv``);
+  this process holds tokens, sockets, leases and verdicts and never executes generated code.
+- ``in_process``: env code runs here, guarded only by in-process hooks. For catalogs you wrote
+  or reviewed yourself, and as the baseline the benchmarks compare the boundary against.
+
+Both hand out instance handles with the same async surface: ``call``, ``reset``, ``snapshot``,
+``initial_snapshot``, ``tools`` and ``lost`` (why its state is gone, or None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from envfarm.farm._config import PoolConfig
+from envfarm.farm._pool import InstancePool
+from envfarm.models import CallResult, EnvBundle, ToolSpec
+from envfarm.runtime import EnvRuntime, Instance
+from envfarm.wire import PoolStats
+
+
+class InstanceHandle(Protocol):
+    tools: list[ToolSpec]
+    lost: str | None
+
+    async def call(self, tool: str, arguments: Any) -> CallResult: ...
+    async def reset(self) -> None: ...
+    async def snapshot(self) -> bytes: ...
+    def initial_snapshot(self) -> bytes: ...
+
+
+class ServedEnv(Protocol):
+    name: str
+    bundle: EnvBundle
+    tools: list[ToolSpec]
+    problems: list[str]
+    isolation: str
+
+    async def acquire(self) -> InstanceHandle: ...
+    def release(self, inst: InstanceHandle) -> None: ...
+    def pool_stats(self) -> PoolStats: ...
+    async def aclose(self) -> None: ...
+
+
+class LocalInstance:
+    """An in-process instance as a handle."""
+
+    __slots__ = ("inst",)
+    lost = None
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return self.inst.tools
+
+    async def call(self, tool: str, arguments: Any) -> CallResult:
+        return await self.inst.call(tool, arguments)
+
+    async def reset(self) -> None:
+        async with self.inst.lock:
+            self.inst.reset()
+
+    async def snapshot(self) -> bytes:
+        async with self.inst.lock:
+            return self.inst.snapshot()
+
+    def initial_snapshot(self) -> bytes:
+        return self.inst.initial_snapshot()
+
+
+class LocalEnv:
+    """An env whose code runs in this process (trusted catalogs, baselines)."""
+
+    isolation = "in_process"
+
+    def __init__(self, runtime: EnvRuntime, config: PoolConfig) -> None:
+        self.runtime = runtime
+        self.name = runtime.name
+        self.bundle = runtime.bundle
+        self.tools = runtime.tools
+        self.problems = runtime.problems
+        self.pool = InstancePool(runtime, config)
+
+    async def acquire(self) -> LocalInstance:
+        return LocalInstance(self.pool.acquire())
+
+    def release(self, inst: LocalInstance) -> None:
+        self.pool.release(inst.inst)
+
+    def pool_stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    async def aclose(self) -> None:
+        await self.pool.drain()

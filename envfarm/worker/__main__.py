@@ -1,0 +1,3 @@
+from envfarm.worker._main import main
+
+main()

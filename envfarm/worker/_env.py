@@ -1,0 +1,223 @@
+"""One env type served from worker processes, as the front sees it.
+
+``WorkerEnv`` loads the env in a first worker (its tools and initial database come back over
+the channel), places leases' instances on workers (at most ``leases_per_worker`` each, so one
+crash touches a bounded share), starts another worker before the free slots run out, and
+stops idle ones. ``RemoteInstance`` is a lease's handle on its instance in a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from envfarm.errors import PoolExhausted
+from envfarm.models import CallResult, EnvBundle, ToolSpec
+from envfarm.wire import PoolStats
+from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How env workers run (one set per farm process or Serve replica)."""
+
+    leases_per_worker: int = 64
+    call_timeout_s: float = 10.0
+    #: A worker that has not answered a call by call_timeout_s + this is killed.
+    deadline_grace_s: float = 2.0
+    start_timeout_s: float = 60.0
+    memory_mb: int = 2048
+    #: False only with --allow-unconfined (a kernel without seccomp/landlock).
+    jail: bool = True
+    foreign_keys: bool = False
+    max_payload_bytes: int = 1 << 20
+    #: Let workers write to the front's stderr (debugging a catalog).
+    stderr: bool = False
+
+    def worker_config(self) -> dict[str, Any]:
+        return {"jail": self.jail, "memory_mb": self.memory_mb}
+
+
+class WorkerEnv:
+    """An env type whose code runs in confined worker processes, never in this one."""
+
+    isolation = "workers"
+
+    def __init__(self, bundle: EnvBundle, options: WorkerOptions, *, warm: int = 8,
+                 max_instances: int = 4096) -> None:
+        """Starts the first worker and loads the env in it (blocking; WorkerStartError)."""
+        self.bundle = bundle
+        self.name = bundle.name
+        self.options = options
+        self.warm = warm
+        self.max_instances = max_instances
+        first, reply, self.template = self._spawn()
+        self.tools = [ToolSpec.model_validate(t) for t in reply.get("tools", [])]
+        self.problems = [str(p) for p in reply.get("problems", [])]
+        self.build_seconds = float(reply.get("build_s", 0.0))
+        self.tables, self.rows = int(reply.get("tables", 0)), int(reply.get("rows", 0))
+        self.workers: list[WorkerProcess] = [first]
+        self._attached: set[int] = set()
+        self._ids = itertools.count(1)
+        self._growing: asyncio.Task | None = None
+        self.started = 1  # workers started over this env's life (replacements included)
+
+    def _spawn(self) -> tuple[WorkerProcess, dict[str, Any], bytes]:
+        worker = WorkerProcess(self.options.worker_config(), stderr=self.options.stderr)
+        load = {"op": "load", "bundle": self.bundle.model_dump(
+                    mode="json", include={"name", "code", "db_schema", "sample_data"}),
+                "call_timeout_s": self.options.call_timeout_s,
+                "max_payload_bytes": self.options.max_payload_bytes,
+                "foreign_keys": self.options.foreign_keys}
+        reply, template = worker.start(load, self.options.start_timeout_s)
+        if not template.startswith(_SQLITE_MAGIC):
+            worker.kill("sent a malformed initial database")
+            raise WorkerStartError(f"env {self.name!r}: the worker sent no database image")
+        return worker, reply, template
+
+    @property
+    def call_deadline_s(self) -> float:
+        return self.options.call_timeout_s + self.options.deadline_grace_s
+
+    @property
+    def jail(self) -> str | None:
+        return self.workers[0].jail if self.workers else None
+
+    # -- placing leases -------------------------------------------------------------------
+    def _live(self) -> list[WorkerProcess]:
+        self.workers = [w for w in self.workers if w.lost is None]
+        return self.workers
+
+    def free_slots(self) -> int:
+        return sum(max(self.options.leases_per_worker - w.leases, 0) for w in self._live())
+
+    def leased(self) -> int:
+        return sum(w.leases for w in self._live())
+
+    async def acquire(self) -> RemoteInstance:
+        while True:
+            worker = next((w for w in self._live()
+                           if w.leases < self.options.leases_per_worker), None)
+            if worker is not None:
+                break
+            if self.leased() >= self.max_instances:
+                raise PoolExhausted(
+                    f"env {self.name!r}: all {self.max_instances} instances are leased; release "
+                    "some or raise max_instances", env=self.name,
+                    max_instances=self.max_instances)
+            await self._grow()
+        if worker.index not in self._attached:
+            self._attached.add(worker.index)
+            await worker.attach()
+        inst = RemoteInstance(self, worker, next(self._ids))
+        worker.post({"op": "new", "inst": inst.inst})
+        worker.leases += 1
+        if self.free_slots() < self.warm and self._growing is None:
+            self._growing = asyncio.get_running_loop().create_task(self._grow())
+        return inst
+
+    async def _grow(self) -> None:
+        """One more worker (joins a start already under way)."""
+        if self._growing is not None and self._growing is not asyncio.current_task():
+            await asyncio.shield(self._growing)
+            return
+        try:
+            worker, _, _ = await asyncio.to_thread(self._spawn)
+            await worker.attach()
+            self._attached.add(worker.index)
+            self.workers.append(worker)
+            self.started += 1
+        finally:
+            if self._growing is asyncio.current_task():
+                self._growing = None
+
+    def release(self, inst: RemoteInstance) -> None:
+        worker = inst.worker
+        worker.leases -= 1
+        if worker.lost is not None:
+            return
+        try:
+            worker.post({"op": "drop", "inst": inst.inst})
+        except WorkerLost:
+            return
+        others = sum(max(self.options.leases_per_worker - w.leases, 0)
+                     for w in self._live() if w is not worker)
+        if worker.leases == 0 and others >= max(self.warm, 1):
+            worker.kill("retired (idle)")  # holds no lease: nothing is lost
+            self._live()
+
+    # -- status and shutdown -----------------------------------------------------------------
+    def pool_stats(self) -> PoolStats:
+        return PoolStats(env=self.name, free=self.free_slots(), leased=self.leased(),
+                         resetting=0, warm_target=self.warm, max_instances=self.max_instances,
+                         workers=len(self._live()), workers_started=self.started)
+
+    async def aclose(self) -> None:
+        if self._growing is not None:
+            self._growing.cancel()
+            await asyncio.gather(self._growing, return_exceptions=True)
+        self.kill_all("farm shut down")
+
+    def kill_all(self, reason: str) -> None:
+        for worker in self.workers:
+            worker.kill(reason)
+        self.workers = []
+
+
+class RemoteInstance:
+    """A lease's instance, living in a worker; calls on it run one at a time."""
+
+    __slots__ = ("env", "worker", "inst", "_lock")
+
+    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int) -> None:
+        self.env = env
+        self.worker = worker
+        self.inst = inst
+        # Queued behind this lease's own calls in the front, not in the worker: the deadline
+        # starts when the worker starts the call, so one lease's burst cannot kill the worker.
+        self._lock = asyncio.Lock()
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return self.env.tools
+
+    @property
+    def lost(self) -> str | None:
+        return self.worker.lost
+
+    def initial_snapshot(self) -> bytes:
+        return self.env.template
+
+    async def _ask(self, header: dict[str, Any], timeout_s: float) -> tuple[dict, bytes]:
+        async with self._lock:
+            reply, payload = await self.worker.request(dict(header, inst=self.inst), timeout_s)
+        if not reply.get("ok"):
+            self.worker.kill(f"could not serve instance {self.inst}: {reply.get('error')}")
+            raise WorkerLost(self.worker.lost)
+        return reply, payload
+
+    async def call(self, tool: str, arguments: Any) -> CallResult:
+        _, payload = await self._ask({"op": "call", "tool": tool, "args": arguments},
+                                     self.env.call_deadline_s)
+        try:
+            return CallResult.model_validate_json(payload)
+        except ValidationError:
+            self.worker.kill("sent a malformed call result")
+            raise WorkerLost(self.worker.lost) from None
+
+    async def reset(self) -> None:
+        await self._ask({"op": "reset"}, self.env.options.deadline_grace_s + 5)
+
+    async def snapshot(self) -> bytes:
+        _, data = await self._ask({"op": "snapshot"}, self.env.options.deadline_grace_s + 5)
+        if not data.startswith(_SQLITE_MAGIC):
+            self.worker.kill("sent a malformed database image")
+            raise WorkerLost(self.worker.lost)
+        return data
+

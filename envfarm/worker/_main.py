@@ -1,0 +1,177 @@
+"""An env worker: one env type's code and the instances of the leases it holds.
+
+Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
+with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
+``ready``, and only then receives the env's code (``load``). From there on it answers requests
+one frame each way: ``new``/``drop`` an instance, ``call`` a tool, ``reset``, ``snapshot``,
+``isolation`` (the module-state probe). Generated code never sees the channel's fds by name;
+what it could do with them anyway is bounded by the front, which checks every reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from envfarm.worker import _frames
+
+#: How long the tasks of a request may take to hand their reply to the pipe at exit.
+_EXIT_GRACE_S = 1.0
+
+
+def _private_channel() -> tuple[int, int]:
+    """Move the channel off fds 0/1, so ``print`` and stray writes go nowhere."""
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return proto_in, proto_out
+
+
+def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
+    if not config.get("jail", True):
+        return "unconfined (the farm was started with --allow-unconfined)"
+    from envfarm.jail import JailPolicy, enter
+
+    policy = JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
+                        processes=False)
+    return enter(policy, keep_fds=keep).describe()
+
+
+class Worker:
+    """The worker's state: its env runtime and instances, by the front's instance ids."""
+
+    def __init__(self, send) -> None:
+        self.send = send
+        self.runtime = None
+        self.instances: dict[int, Any] = {}
+        self.tasks: set[asyncio.Task] = set()
+
+    # -- frames in ------------------------------------------------------------------------------
+    def on_frame(self, header: dict[str, Any], payload: bytes) -> None:
+        op, rid = header.get("op"), header.get("id")
+        if op == "new":  # in order, before any later frame: no await between them
+            self.instances[int(header["inst"])] = self.runtime.instance()
+            return
+        if op == "drop":
+            inst = self.instances.pop(int(header["inst"]), None)
+            if inst is not None:
+                self._spawn(self._drop(inst), None)
+            return
+        self._spawn(self._answer(op, header, payload), rid)
+
+    def _spawn(self, coro, rid) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _drop(self, inst) -> None:
+        async with inst.lock:
+            inst.close()
+
+    async def _answer(self, op: str, header: dict[str, Any], payload: bytes) -> None:
+        rid = header.get("id")
+        try:
+            reply, out = await self._do(op, header, payload)
+        except Exception as exc:  # noqa: BLE001 - a bad request is answered, never fatal
+            reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}, b""
+        reply["id"] = rid
+        self.send(reply, out)
+
+    async def _do(self, op: str, header: dict[str, Any], payload: bytes
+                  ) -> tuple[dict[str, Any], bytes]:
+        if op == "ping":
+            return {"ok": True}, b""
+        inst = self.instances.get(int(header.get("inst", -1)))
+        if inst is None:
+            return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""
+        if op == "call":
+            res = await inst.call(header["tool"], header.get("args"))
+            outcome = "ok" if res.ok else res.error.kind
+            return {"ok": True, "outcome": outcome}, res.model_dump_json().encode()
+        if op == "reset":
+            async with inst.lock:
+                inst.reset()
+            return {"ok": True}, b""
+        if op == "snapshot":
+            async with inst.lock:
+                return {"ok": True}, inst.snapshot()
+        return {"ok": False, "error": f"unknown op {op!r}"}, b""
+
+
+def _load(header: dict[str, Any]):
+    from envfarm.models import EnvBundle
+    from envfarm.runtime import EnvRuntime
+
+    bundle = EnvBundle.model_validate(header["bundle"])
+    return EnvRuntime(bundle, call_timeout_s=header["call_timeout_s"],
+                      max_payload_bytes=header["max_payload_bytes"],
+                      foreign_keys=header["foreign_keys"])
+
+
+async def _serve(worker: Worker, proto_in: int, proto_out: int) -> None:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    reader = _frames.FrameReader()
+
+    class Channel(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            try:
+                for body in reader.feed(data):
+                    worker.on_frame(*_frames.decode(body))
+            except Exception:  # noqa: BLE001 - the front sent garbage: stop
+                if not done.done():
+                    done.set_result(None)
+
+        def connection_lost(self, exc) -> None:
+            if not done.done():
+                done.set_result(None)
+
+    out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(proto_out, "wb", 0))
+    worker.send = lambda header, payload=b"": out.write(_frames.encode(header, payload))
+    await loop.connect_read_pipe(Channel, os.fdopen(proto_in, "rb", 0))
+    await done  # the front closed the channel: finish what is in flight, then exit
+    if worker.tasks:
+        await asyncio.wait(set(worker.tasks), timeout=_EXIT_GRACE_S)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    proto_in, proto_out = _private_channel()
+    # Everything env code needs is imported before the jail closes the file system.
+    import fastapi  # noqa: F401
+    import sqlalchemy.orm  # noqa: F401
+
+    import envfarm.runtime  # noqa: F401
+
+    # The event loop's self-pipe is a socketpair: made now, as the jail forbids sockets.
+    loop = asyncio.new_event_loop()
+    # Only fds 0-2 were inherited (the front spawns with close_fds): every other open fd is
+    # this process's own (the channel, the loop's), and the jail keeps them.
+    jail = _enter_jail(config, tuple(int(fd) for fd in os.listdir("/proc/self/fd")))
+    hello = _frames.encode({"ready": True, "pid": os.getpid(), "jail": jail})
+    _frames.write_all(proto_out, hello)
+    try:
+        header, _ = _frames.read_blocking(proto_in, time.monotonic() + 3600)
+    except (EOFError, TimeoutError, _frames.FrameError):
+        return
+    try:
+        runtime = _load(header)
+    except Exception as exc:  # noqa: BLE001 - EnvLoadError, or anything the code raised
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        _frames.write_all(proto_out, _frames.encode({"ok": False, "error": message[:2000]}))
+        return
+    loaded = {"ok": True, "tools": [t.model_dump() for t in runtime.tools],
+              "problems": runtime.problems, "build_s": runtime.build_seconds,
+              "tables": runtime.template.tables, "rows": runtime.template.rows}
+    _frames.write_all(proto_out, _frames.encode(loaded, runtime.template.data))
+    worker = Worker(send=None)
+    worker.runtime = runtime
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(_serve(worker, proto_in, proto_out))
+    os._exit(0)  # skip interpreter teardown: env code's finalizers have nothing left to do

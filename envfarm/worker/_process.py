@@ -1,0 +1,218 @@
+"""The front's side of one env worker: spawn it, talk to it, supervise it.
+
+The worker is a child process in its own session with an empty environment, no descriptors but
+its two pipes, and (once it says ``ready``) the kernel jail. The front checks every reply
+against a request it sent (ids it made, bounded frames), gives each request a deadline, and
+kills the worker when it misses one, breaks the protocol or stops reading: every instance it
+held is then lost (``WorkerLost``), never silently replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from envfarm.worker import _frames
+
+#: Bytes the front buffers for a worker that does not read them before giving up on it.
+MAX_PENDING_WRITE = 64 << 20
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+#: Workers die with the *thread* that spawned them (PR_SET_PDEATHSIG): spawn them all from one
+#: thread that lives as long as the process, whichever thread asks.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfarm-spawner")
+
+
+class WorkerLost(Exception):
+    """The worker is gone; ``reason`` says why (every instance it held is lost)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class WorkerStartError(Exception):
+    """The worker did not start, or the env's code did not load in it."""
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else code
+        if code == -signal.SIGKILL:
+            return "killed by SIGKILL (memory or CPU limit, or the kernel)"
+        if code == -signal.SIGXCPU:
+            return "CPU time limit exceeded (SIGXCPU)"
+        return f"crashed ({name})"
+    return f"exited with status {code}"
+
+
+class WorkerProcess:
+    """One env worker process and its channel."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, config: dict[str, Any], *, stderr: bool = False) -> None:
+        self.index = next(WorkerProcess._ids)
+        cmd = [sys.executable, "-s", "-B", "-m", "envfarm.worker",
+               json.dumps(config)]
+        self.proc = _SPAWNER.submit(
+            subprocess.Popen, cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=None if stderr else subprocess.DEVNULL,
+            env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            close_fds=True, start_new_session=True, cwd="/").result()
+        self.pid = self.proc.pid
+        self.jail: str | None = None
+        self.lost: str | None = None
+        self.leases = 0  # instances the front has placed here and not dropped
+        self._out = None  # asyncio transports, once attached
+        self._in = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._rids = itertools.count(1)
+        self._closed_by_front: str | None = None
+
+    # -- start-up (blocking; the caller runs it in a thread when a loop is running) --------
+    def start(self, load: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
+        """Wait for ``ready``, send ``load``; returns the load reply (tools, template bytes)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            hello, _ = _frames.read_blocking(self.proc.stdout.fileno(), deadline)
+            if not hello.get("ready"):
+                raise WorkerStartError("the worker did not say ready")
+            self.jail = str(hello.get("jail"))
+            _frames.write_all(self.proc.stdin.fileno(), _frames.encode(load))
+            reply, template = _frames.read_blocking(self.proc.stdout.fileno(), deadline)
+        except TimeoutError:
+            self.kill("did not start in time")
+            raise WorkerStartError(f"env worker did not start within {timeout_s:g} s") from None
+        except (EOFError, BrokenPipeError, _frames.FrameError) as exc:
+            self.kill("start failed")
+            raise WorkerStartError(
+                f"env worker failed to start: {self._exit_reason_now()}"
+                f" ({type(exc).__name__})") from None
+        if not reply.get("ok"):
+            self.kill("env failed to load")
+            raise WorkerStartError(str(reply.get("error") or "the env failed to load"))
+        return reply, template
+
+    def _exit_reason_now(self) -> str:
+        try:
+            return _exit_reason(self.proc.wait(timeout=2))
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+
+    async def attach(self) -> None:
+        """Hand the channel to the running loop (after ``start``)."""
+        loop = asyncio.get_running_loop()
+        reader = _frames.FrameReader()
+        worker = self
+
+        class Channel(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                try:
+                    for body in reader.feed(data):
+                        worker._on_reply(*_frames.decode(body))
+                except _frames.FrameError as exc:
+                    worker.kill(f"broke the channel protocol ({exc})")
+
+            def connection_lost(self, exc) -> None:
+                worker._in = None  # closed by asyncio already
+                worker._on_eof()
+
+        self._out, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
+        self._in, _ = await loop.connect_read_pipe(Channel, self.proc.stdout)
+
+    # -- requests ---------------------------------------------------------------------------
+    def post(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        """A request that gets no reply (``new``, ``drop``)."""
+        self._write(_frames.encode(header, payload))
+
+    async def request(self, header: dict[str, Any], timeout_s: float,
+                      payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        """Send one request and wait for its reply; WorkerLost if the worker is (or goes) away,
+        or misses the deadline (then it is killed: what it was doing can no longer be trusted)."""
+        if self.lost is not None:
+            raise WorkerLost(self.lost)
+        rid = next(self._rids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        try:
+            self._write(_frames.encode(dict(header, id=rid), payload))
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            self.kill(f"a request ran past its {timeout_s:g} s deadline")
+            raise WorkerLost(self.lost or "killed") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    def _write(self, data: bytes) -> None:
+        if self.lost is not None:
+            raise WorkerLost(self.lost)
+        self._out.write(data)
+        if self._out.get_write_buffer_size() > MAX_PENDING_WRITE:
+            self.kill("stopped reading its channel")
+            raise WorkerLost(self.lost)
+
+    def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
+        rid = header.get("id")
+        future = self._pending.get(rid) if isinstance(rid, int) else None
+        if future is None:  # a reply to nothing the front asked: it cannot be trusted
+            self.kill(f"answered a request it was never sent (id {rid!r})")
+            return
+        if not future.done():
+            future.set_result((header, payload))
+
+    def _on_eof(self) -> None:
+        if self.lost is None:
+            code = self.proc.poll()
+            if code is None:
+                try:
+                    code = self.proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    code = None
+            self._mark_lost(_exit_reason(code))
+        self.kill(self.lost)
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost is not None:
+            return
+        self.lost = f"env worker {self.pid} {reason}"
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(WorkerLost(self.lost))
+
+    # -- ending -----------------------------------------------------------------------------
+    def kill(self, reason: str | None = None) -> None:
+        """SIGKILL the worker (idempotent); every pending and later request gets WorkerLost."""
+        self._mark_lost(reason or "was stopped by the front")
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for transport in (self._out, self._in):
+            if transport is not None and not transport.is_closing():
+                transport.close()  # the process is dead: nothing buffered can be delivered
+        self._out = self._in = None
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def alive(self) -> bool:
+        return self.lost is None and self.proc.poll() is None
