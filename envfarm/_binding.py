@@ -18,13 +18,14 @@ import sys
 import time
 import types
 import warnings
+import weakref
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 
-from envfarm import _guard
+from envfarm import _guard, _sqlite_guard
 from envfarm.errors import EnvLoadError
 
 
@@ -63,12 +64,43 @@ def _current_connection() -> sqlite3.Connection:
     return _current_slot().conn
 
 
+class RoutedConnection:
+    """The DBAPI connection SQLAlchemy holds. Every use goes to the *calling* instance's
+    connection, so a session or connection that env code keeps at module level (``db =
+    SessionLocal()``) cannot pin one lease's database for the next lease."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_current_connection(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(_current_connection(), name, value)
+
+
+def owned_by_caller(conn: sqlite3.Connection):
+    """An authorizer for an instance's connection: what ``_sqlite_guard.authorize`` allows,
+    and only while that instance's own call runs (a raw handle kept from another lease's call,
+    a cursor included, gets 'not authorized')."""
+    ref = weakref.ref(conn)
+
+    def authorize(action: int, arg1, arg2, db_name, trigger) -> int:
+        verdict = _sqlite_guard.authorize(action, arg1, arg2, db_name, trigger)
+        if verdict == sqlite3.SQLITE_OK:
+            slot = _slot.get()
+            if slot is not None and slot.conn is not ref():
+                return sqlite3.SQLITE_DENY
+        return verdict
+
+    return authorize
+
+
 class BindingPool(Pool):
     """A pool that hands out the current instance's connection; it never resets or closes it."""
 
     def _do_get(self) -> _ConnectionRecord:
         slot = _current_slot()
-        if slot.record is None or slot.record.dbapi_connection is not slot.conn:
+        if slot.record is None:  # one record per instance: connect events run for its conn
             slot.record = _ConnectionRecord(self)
         return slot.record
 
@@ -87,7 +119,7 @@ class BindingPool(Pool):
 
 def routing_engine() -> sqlalchemy.Engine:
     return sqlalchemy.create_engine(
-        "sqlite://", creator=_current_connection, poolclass=BindingPool,
+        "sqlite://", creator=RoutedConnection, poolclass=BindingPool,
         pool_reset_on_return=None,
     )
 

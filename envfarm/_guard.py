@@ -153,7 +153,10 @@ class CallGuard:
             return False
         self.fired = True
         if self.conn is not None:
-            self.conn.interrupt()
+            try:
+                self.conn.interrupt()
+            except sqlite3.ProgrammingError:
+                pass  # the instance was reset meanwhile: its old connection is closed
         return True
 
     def finish(self) -> None:

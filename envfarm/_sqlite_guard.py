@@ -94,20 +94,25 @@ class GuardedConnection(sqlite3.Connection):
         try:
             return super().deserialize(*args, **kwargs)
         finally:
-            super().set_authorizer(authorize)
+            super().set_authorizer(self.envfarm_authorizer)
+
+    #: This connection's authorizer (an instance's also checks that its own lease is calling).
+    envfarm_authorizer = staticmethod(authorize)
 
 
-def harden(conn: sqlite3.Connection) -> sqlite3.Connection:
+def harden(conn: sqlite3.Connection, authorizer=authorize) -> sqlite3.Connection:
     """Fence ``conn`` for generated SQL (see the module docstring); returns it."""
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LENGTH)
-    conn.set_authorizer(authorize)
+    if isinstance(conn, GuardedConnection):
+        conn.envfarm_authorizer = authorizer
+    conn.set_authorizer(authorizer)
     return conn
 
 
 def expire(conn: sqlite3.Connection) -> None:
     """Make SQLite re-prepare (and so re-authorize) every cached statement of ``conn``."""
-    conn.set_authorizer(authorize)
+    conn.set_authorizer(getattr(conn, "envfarm_authorizer", authorize))
 
 
 def connect_memory(check_same_thread: bool = False) -> GuardedConnection:

@@ -10,7 +10,9 @@ on before/after; a task is *solvable* when the solution passes and a no-op does 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
+import types
 from typing import Any
 
 import jsonschema
@@ -315,3 +317,72 @@ def _result(res: Any) -> str | None:
 
 def check_env_sync(bundle: EnvBundle, sandbox: Any, *, probe: bool = False) -> EnvReport:
     return asyncio.run(check_env(bundle, sandbox, probe=probe))
+
+
+# -- module-level state (leases that share a loaded module must not see each other) ----------
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_CONTAINERS = (dict, list, set, frozenset, tuple, bytearray, collections.deque)
+
+
+def module_state(module: types.ModuleType, limit: int = 20_000) -> dict[str, str]:
+    """A fingerprint of the state a loaded env module keeps outside any database: its plain
+    globals (scalars, containers), instances of its own classes, and its classes' own plain
+    attributes. Engines, sessions, the app and imported modules are not state of a lease."""
+    own = module.__name__
+    out: dict[str, str] = {}
+    for name, value in list(vars(module).items()):
+        if name.startswith("__"):
+            continue
+        if isinstance(value, type) and value.__module__ == own:
+            attrs = {k: v for k, v in vars(value).items()
+                     if not k.startswith("__") and _is_state(v, own)}
+            if attrs:
+                out[f"{name}.<class attrs>"] = _fingerprint(attrs, own, limit)
+        elif _is_state(value, own):
+            out[name] = _fingerprint(value, own, limit)
+    return out
+
+
+def _is_state(value: Any, own: str) -> bool:
+    return (isinstance(value, _SCALARS + _CONTAINERS)
+            or type(value).__module__ == own and hasattr(value, "__dict__"))
+
+
+def _fingerprint(value: Any, own: str, limit: int, depth: int = 0) -> str:
+    if depth > 6:
+        return "..."
+    if isinstance(value, _SCALARS):
+        return repr(value)[:200]
+    if isinstance(value, dict):
+        items = sorted((repr(k)[:100], _fingerprint(v, own, limit, depth + 1))
+                       for k, v in list(value.items())[:500])
+        text = "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    elif isinstance(value, (set, frozenset)):
+        text = "{" + ",".join(sorted(_fingerprint(v, own, limit, depth + 1)
+                                     for v in list(value)[:500])) + "}"
+    elif isinstance(value, (list, tuple, bytearray, collections.deque)):
+        text = "[" + ",".join(_fingerprint(v, own, limit, depth + 1)
+                              for v in list(value)[:500]) + f"]#{len(value)}"
+    elif type(value).__module__ == own and hasattr(value, "__dict__"):
+        text = type(value).__name__ + _fingerprint(dict(vars(value)), own, limit, depth + 1)
+    else:
+        text = f"<{type(value).__name__}>"  # an engine, a session, a lock: not lease state
+    return text[:limit]
+
+
+async def module_state_leaks(runtime: EnvRuntime, *, probes_per_tool: int = 2) -> list[str]:
+    """The globals of ``runtime``'s module that tool calls change: a differential run, where
+    a lease (one instance) calls every tool with schema-valid arguments and the module's state
+    afterwards is compared with the freshly loaded module's. A changed global is what a later
+    lease would see of an earlier one, so such an env needs a module per lease."""
+    before = module_state(runtime.module)
+    inst = runtime.instance()
+    endpoints = spec_endpoints(runtime.bundle.api_spec)
+    try:
+        for tool in runtime.tools:
+            for args in probe_arguments(tool, endpoints.get(tool.name), probes_per_tool):
+                await inst.call(tool.name, args)
+    finally:
+        inst.close()
+    after = module_state(runtime.module)
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))

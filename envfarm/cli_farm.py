@@ -43,10 +43,23 @@ ProxyOpt = Annotated[Ingress, typer.Option(
                     "bind all interfaces) or python (Serve's Python proxy, one more hop).")]
 
 
-def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
+InProcessOpt = Annotated[bool, typer.Option(
+    "--in-process", help="Run env code in the serving process (trusted catalogs only; the "
+                         "baseline of the benchmarks). Default: confined worker processes.")]
+UnconfinedOpt = Annotated[bool, typer.Option(
+    "--allow-unconfined", help="Serve through worker processes even where the kernel cannot "
+                               "confine them (no seccomp/landlock); the status page says so.")]
+LeasesPerWorkerOpt = Annotated[int, typer.Option(
+    "--leases-per-worker", min=1, help="Instances one env worker holds (a crash loses these).")]
+
+
+def _config(catalog: Path | None, envs: str | None, warm: int, in_process: bool = False,
+            allow_unconfined: bool = False, leases_per_worker: int = 64) -> FarmConfig:
     return FarmConfig(catalog=str(catalog) if catalog else None,
                       envs=[e.strip() for e in envs.split(",") if e.strip()] if envs else None,
-                      pool=PoolConfig(warm=warm))
+                      pool=PoolConfig(warm=warm),
+                      isolation="in_process" if in_process else "workers",
+                      allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker)
 
 
 # Flags that only mean something when Ray Serve runs the farm.
@@ -91,12 +104,14 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           access_log: Annotated[bool, typer.Option(
               "--access-log", help="Serve's access log: one line per request (tool call) in "
                                    "each replica's log file; off by default.")] = False,
+          in_process: InProcessOpt = False, allow_unconfined: UnconfinedOpt = False,
+          leases_per_worker: LeasesPerWorkerOpt = 64,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
         _reject_ray_flags(ctx)
     try:
-        config = _config(catalog, envs, warm)
+        config = _config(catalog, envs, warm, in_process, allow_unconfined, leases_per_worker)
         if write_config is not None:
             _write_config(config, pack, replicas, host, port, write_config, access_log)
         elif no_ray:
@@ -113,7 +128,8 @@ def _serve_local(config: FarmConfig, host: str, port: int) -> None:
     core = compose_core(config)
     free = sum(s.free for s in core.pool_stats())
     console.print(f"envfarm (no Ray) listening on http://{host}:{port} — "
-                  f"{len(core.envs)} envs, {free} instances ready; Ctrl-C to stop")
+                  f"{len(core.envs)} envs, {free} instances ready; env code: {core.isolation}; "
+                  "Ctrl-C to stop")
     for problem in core.problems:
         console.print(f"[yellow]not served:[/yellow] {problem}")
     make_server(core, host, port).run()  # uvicorn handles Ctrl-C and shuts down cleanly

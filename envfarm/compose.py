@@ -45,8 +45,9 @@ def compose_core(config: FarmConfig, owner: str | None = None, catalog: Catalog 
 class LocalFarm:
     """A ``--no-ray`` farm on a background thread (demo, tests, benchmarks)."""
 
-    def __init__(self, config: FarmConfig, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.core = compose_core(config)
+    def __init__(self, config: FarmConfig, host: str = "127.0.0.1", port: int = 0,
+                 catalog: Catalog | None = None) -> None:
+        self.core = compose_core(config, catalog=catalog)
         self.host = host
         self.port = port or free_port(host)
         self.server = make_server(self.core, host, self.port)

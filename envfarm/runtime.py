@@ -44,6 +44,8 @@ class EnvRuntime:
         self.call_timeout_s = call_timeout_s
         self.max_payload_bytes = max_payload_bytes
         self.foreign_keys = foreign_keys
+        #: Calls that timed out: their code may still run (a thread spinning in C, say).
+        self.timeouts = 0
         loaded: dict[str, Any] = {}
 
         def load(conn: sqlite3.Connection) -> None:
@@ -71,9 +73,7 @@ class Instance:
 
     def __init__(self, runtime: EnvRuntime) -> None:
         self.runtime = runtime
-        self.conn = open_memory_db(runtime.foreign_keys)
-        self.conn.deserialize(runtime.template.data)
-        self._slot = _binding.Slot(self.conn)
+        self._open(runtime.template.data)
         #: Serializes calls, resets and snapshots on this instance.
         self.lock = asyncio.Lock()
         self.closed = False
@@ -84,8 +84,16 @@ class Instance:
 
     # -- state ---------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Back to the initial state (one deserialize)."""
-        self._restore(self.runtime.template.data)
+        """Back to the initial state: a new connection (so PRAGMAs and other connection state
+        set by env code go too) restored from the template bytes."""
+        self.conn.close()
+        self._open(self.runtime.template.data)
+
+    def _open(self, data: bytes) -> None:
+        self.conn = open_memory_db(self.runtime.foreign_keys)
+        _sqlite_guard.harden(self.conn, _binding.owned_by_caller(self.conn))
+        self.conn.deserialize(data)
+        self._slot = _binding.Slot(self.conn)
 
     def snapshot(self) -> bytes:
         """The current state as SQLite database bytes."""
@@ -115,9 +123,7 @@ class Instance:
         except sqlite3.Error:
             # A statement left open by env code blocks deserialize: start over on a new connection.
             self.conn.close()
-            self.conn = open_memory_db(self.runtime.foreign_keys)
-            self.conn.deserialize(data)
-            self._slot = _binding.Slot(self.conn)
+            self._open(data)
 
     # -- calls ---------------------------------------------------------------------------------
     async def call(self, tool: str, arguments: Any = None) -> CallResult:
@@ -171,6 +177,7 @@ class Instance:
                 raise _guard.CallTimeout
             result = decode_body(raw, content_type)
         except (_guard.CallTimeout, TimeoutError):
+            self.runtime.timeouts += 1
             result = _failed("env_error", f"tool {op.spec.name!r} timed out after {timeout:g} s",
                              status, started)
         except asyncio.CancelledError:

@@ -61,6 +61,10 @@ class FarmConfig(BaseModel):
     worker_memory_mb: int = Field(default=2048, ge=128, description="Address space per worker.")
     call_timeout_s: float = Field(default=10.0, gt=0, le=600, description=(
         "A tool call past this is an env_error; a worker silent 2 s past it is killed."))
+    check_module_state: bool = Field(default=True, description=(
+        "At load, call every tool once in the first worker and see whether the module's "
+        "globals change: such an env gets a worker per lease (its leases would see each "
+        "other). Costs a probe call per tool at load."))
     allow_unconfined: bool = Field(default=False, description=(
         "Serve through workers even where the kernel cannot confine them (no seccomp or "
         "landlock): only for catalogs you trust; the status page says UNCONFINED."))

@@ -313,8 +313,9 @@ class FarmCore:
     def _missing(self, lease_id: str) -> EnvfarmError:
         why = self._closed.get(lease_id)
         if why is not None:
+            reason = "lease_lost" if why.startswith("lease_lost:") else why
             return LeaseGone(f"lease {lease_id} is closed: {why}; start a new lease",
-                             lease_id=lease_id, reason=why)
+                             lease_id=lease_id, reason=reason)
         owner = owner_of(lease_id)
         if owner and owner != self.owner:
             return LeaseGone(f"lease {lease_id} belongs to replica {owner!r}, which is gone; its "
@@ -407,10 +408,10 @@ class FarmCore:
         async def one(item: BatchItem) -> BatchResult:
             try:
                 lease = self.lease(item.env, item.lease_id, item.token)
+                result = await self.call(lease, item.tool, item.arguments)
             except EnvfarmError as exc:
                 return BatchResult(lease_id=item.lease_id, error=BatchError.of(exc))
-            return BatchResult(lease_id=item.lease_id,
-                               result=await self.call(lease, item.tool, item.arguments))
+            return BatchResult(lease_id=item.lease_id, result=result)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 
@@ -466,6 +467,7 @@ def _isolation(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
     options = WorkerOptions(leases_per_worker=config.leases_per_worker,
                             call_timeout_s=config.call_timeout_s,
                             memory_mb=config.worker_memory_mb, jail=confined,
+                            probe_module_state=config.check_module_state,
                             stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
     if confined:
         return f"workers, confined ({support.describe()})", options

@@ -125,10 +125,10 @@ class FastCall:
             return
         try:
             lease = self.core.lease(match.group(1), match.group(2), bearer_of(scope))
-        except EnvfarmError as exc:
+            result = await self.core.call(lease, *parsed)
+        except EnvfarmError as exc:  # 401/403/404/410, lease_lost included
             await error_response(exc)(scope, receive, send)
             return
-        result = await self.core.call(lease, *parsed)
         await send_json(send, 200, result.model_dump_json().encode())
 
 

@@ -99,7 +99,11 @@ class LeaseMCP:
             call = mcp_tools_call(scope, body, self.tools[lease.env])
             if call is not None:
                 self.fast_calls += 1
-                res = await self.core.call(lease, call.tool, call.arguments)
+                try:
+                    res = await self.core.call(lease, call.tool, call.arguments)
+                except EnvfarmError as exc:  # the lease was lost with its worker
+                    await error_response(exc)(scope, receive, send)
+                    return
                 await send_json(send, 200, mcp_response(call, res, self.server_info[lease.env]))
                 return
             receive = replay(body, receive)

@@ -39,6 +39,9 @@ class WorkerOptions:
     max_payload_bytes: int = 1 << 20
     #: Let workers write to the front's stderr (debugging a catalog).
     stderr: bool = False
+    #: At load, find module-level state that tool calls change (``check.module_state_leaks``);
+    #: such an env gets a fresh worker per lease.
+    probe_module_state: bool = True
 
     def worker_config(self) -> dict[str, Any]:
         return {"jail": self.jail, "memory_mb": self.memory_mb}
@@ -57,24 +60,35 @@ class WorkerEnv:
         self.options = options
         self.warm = warm
         self.max_instances = max_instances
-        first, reply, self.template = self._spawn()
+        self.per_lease = False
+        first, reply, self.template = self._spawn(probe=options.probe_module_state)
         self.tools = [ToolSpec.model_validate(t) for t in reply.get("tools", [])]
         self.problems = [str(p) for p in reply.get("problems", [])]
         self.build_seconds = float(reply.get("build_s", 0.0))
         self.tables, self.rows = int(reply.get("tables", 0)), int(reply.get("rows", 0))
+        #: Globals that tool calls change: leases would see each other through them.
+        self.module_state = [str(n) for n in reply.get("module_state", [])]
         self.workers: list[WorkerProcess] = [first]
+        if self.module_state:
+            self.per_lease = True
+            self.problems.append(
+                "module-level state changes with tool calls (" + ", ".join(self.module_state[:8])
+                + "): each lease gets a worker of its own")
+            first.kill("probed a module that keeps state: not reused")
+            self.workers = []
         self._attached: set[int] = set()
         self._ids = itertools.count(1)
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
 
-    def _spawn(self) -> tuple[WorkerProcess, dict[str, Any], bytes]:
+    def _spawn(self, probe: bool = False) -> tuple[WorkerProcess, dict[str, Any], bytes]:
         worker = WorkerProcess(self.options.worker_config(), stderr=self.options.stderr)
         load = {"op": "load", "bundle": self.bundle.model_dump(
-                    mode="json", include={"name", "code", "db_schema", "sample_data"}),
+                    mode="json", include={"name", "code", "db_schema", "sample_data",
+                                          "api_spec"}),
                 "call_timeout_s": self.options.call_timeout_s,
                 "max_payload_bytes": self.options.max_payload_bytes,
-                "foreign_keys": self.options.foreign_keys}
+                "foreign_keys": self.options.foreign_keys, "probe_module_state": probe}
         reply, template = worker.start(load, self.options.start_timeout_s)
         if not template.startswith(_SQLITE_MAGIC):
             worker.kill("sent a malformed initial database")
@@ -94,16 +108,27 @@ class WorkerEnv:
         self.workers = [w for w in self.workers if w.lost is None]
         return self.workers
 
+    def draining(self) -> int:
+        return sum(w.draining for w in self.workers)
+
+    @property
+    def capacity(self) -> int:
+        """Leases one worker holds over its life at once (1 for an env that keeps state)."""
+        return 1 if self.per_lease else self.options.leases_per_worker
+
+    def _has_room(self, worker: WorkerProcess) -> bool:
+        return (worker.leases < self.capacity and not worker.draining
+                and not (self.per_lease and worker.placed))
+
     def free_slots(self) -> int:
-        return sum(max(self.options.leases_per_worker - w.leases, 0) for w in self._live())
+        return sum(self.capacity - w.leases for w in self._live() if self._has_room(w))
 
     def leased(self) -> int:
         return sum(w.leases for w in self._live())
 
     async def acquire(self) -> RemoteInstance:
         while True:
-            worker = next((w for w in self._live()
-                           if w.leases < self.options.leases_per_worker), None)
+            worker = next((w for w in self._live() if self._has_room(w)), None)
             if worker is not None:
                 break
             if self.leased() >= self.max_instances:
@@ -118,7 +143,9 @@ class WorkerEnv:
         inst = RemoteInstance(self, worker, next(self._ids))
         worker.post({"op": "new", "inst": inst.inst})
         worker.leases += 1
-        if self.free_slots() < self.warm and self._growing is None:
+        worker.placed += 1
+        spare = min(self.warm, 2) if self.per_lease else self.warm  # a worker each: costly
+        if self.free_slots() < spare and self._growing is None:
             self._growing = asyncio.get_running_loop().create_task(self._grow())
         return inst
 
@@ -127,8 +154,13 @@ class WorkerEnv:
         if self._growing is not None and self._growing is not asyncio.current_task():
             await asyncio.shield(self._growing)
             return
+        spawning = asyncio.get_running_loop().run_in_executor(None, self._spawn)
         try:
-            worker, _, _ = await asyncio.to_thread(self._spawn)
+            try:
+                worker, _, _ = await asyncio.shield(spawning)
+            except asyncio.CancelledError:  # the farm stops: the worker must not outlive it
+                spawning.add_done_callback(_kill_spawned)
+                raise
             await worker.attach()
             self._attached.add(worker.index)
             self.workers.append(worker)
@@ -142,12 +174,15 @@ class WorkerEnv:
         worker.leases -= 1
         if worker.lost is not None:
             return
+        if self.per_lease or (worker.draining and worker.leases == 0):
+            # its module saw that lease / a timed-out call may still run there: not reused
+            worker.kill("served its one lease" if self.per_lease else "drained")
+            return
         try:
             worker.post({"op": "drop", "inst": inst.inst})
         except WorkerLost:
             return
-        others = sum(max(self.options.leases_per_worker - w.leases, 0)
-                     for w in self._live() if w is not worker)
+        others = sum(self.capacity - w.leases for w in self._live() if w is not worker)
         if worker.leases == 0 and others >= max(self.warm, 1):
             worker.kill("retired (idle)")  # holds no lease: nothing is lost
             self._live()
@@ -168,6 +203,11 @@ class WorkerEnv:
         for worker in self.workers:
             worker.kill(reason)
         self.workers = []
+
+
+def _kill_spawned(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result()[0].kill("farm shut down")
 
 
 class RemoteInstance:

@@ -92,8 +92,10 @@ class Worker:
             return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""
         if op == "call":
             res = await inst.call(header["tool"], header.get("args"))
-            outcome = "ok" if res.ok else res.error.kind
-            return {"ok": True, "outcome": outcome}, res.model_dump_json().encode()
+            reply = {"ok": True}
+            if self.runtime.timeouts:  # timed-out code may still be running here
+                reply["drain"] = True
+            return reply, res.model_dump_json().encode()
         if op == "reset":
             async with inst.lock:
                 inst.reset()
@@ -166,9 +168,15 @@ def main() -> None:
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         _frames.write_all(proto_out, _frames.encode({"ok": False, "error": message[:2000]}))
         return
+    leaks = []
+    if header.get("probe_module_state"):
+        from envfarm.check import module_state_leaks
+
+        leaks = loop.run_until_complete(module_state_leaks(runtime))
     loaded = {"ok": True, "tools": [t.model_dump() for t in runtime.tools],
               "problems": runtime.problems, "build_s": runtime.build_seconds,
-              "tables": runtime.template.tables, "rows": runtime.template.rows}
+              "tables": runtime.template.tables, "rows": runtime.template.rows,
+              "module_state": leaks}
     _frames.write_all(proto_out, _frames.encode(loaded, runtime.template.data))
     worker = Worker(send=None)
     worker.runtime = runtime

@@ -74,6 +74,10 @@ class WorkerProcess:
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
+        self.placed = 0  # instances placed here over its life
+        #: Takes no new leases, and stops once its last lease is gone (a call timed out in it:
+        #: that call's code may still be running there).
+        self.draining = False
         self._out = None  # asyncio transports, once attached
         self._in = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -169,6 +173,8 @@ class WorkerProcess:
         if future is None:  # a reply to nothing the front asked: it cannot be trusted
             self.kill(f"answered a request it was never sent (id {rid!r})")
             return
+        if header.get("drain"):
+            self.draining = True
         if not future.done():
             future.set_result((header, payload))
 

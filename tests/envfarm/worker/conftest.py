@@ -1,0 +1,43 @@
+"""A farm of real, jailed env workers serving hostile, careless and plain envs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from envfarm.catalog import Catalog
+from envfarm.compose import LocalFarm
+from envfarm.farm import FarmConfig, PoolConfig
+from tests.envfarm.conftest import toy_bundle
+from tests.envfarm.worker.hostile_env import CARELESS, HOSTILE, with_code
+
+SECRET = "front-secret-7f3a9c"
+
+
+def catalog(**codes: str) -> Catalog:
+    bundles = {name: toy_bundle(code).model_copy(update={"name": name})
+               for name, code in codes.items()}
+    return Catalog(bundles, [], Path("."))
+
+
+@pytest.fixture(scope="module")
+def secret_env():
+    """The front holds a secret in its environment, as a farm with API keys does."""
+    os.environ["ENVFARM_TEST_FRONT_SECRET"] = SECRET
+    yield SECRET
+    os.environ.pop("ENVFARM_TEST_FRONT_SECRET", None)
+
+
+def start_farm(codes: dict[str, str], **config) -> LocalFarm:
+    config.setdefault("pool", PoolConfig(warm=2))
+    return LocalFarm(FarmConfig(**config), catalog=catalog(**codes)).start(timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def hostile_farm(secret_env):
+    farm = start_farm({"hostile": with_code(HOSTILE), "toy": with_code("")},
+                      call_timeout_s=2.0, leases_per_worker=4, check_module_state=False)
+    yield farm
+    farm.stop()
