@@ -1,30 +1,33 @@
-"""One sandbox worker process: runs untrusted verifier code, one request at a time.
+"""The verifier zygote and its children: every verification runs in a fresh, confined process.
 
-Started by ``judge._sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``;
-it imports only the standard library so it never loads the project (nor its secrets).
+Started by ``judge.sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``
+with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads the standard-library
+modules verifiers may use and ``envfarm.jail`` (nothing else of the project), drops to an
+unprivileged uid when started as root, and enters the kernel jail (``processes=True``: it may
+fork, nothing else). Then, per verification, the front sends two pipe ends (SCM_RIGHTS): the
+request to read, the reply to write. The zygote forks a child and tells the front its pid (the
+front kills it at the deadline) and, later, how it ended. It never reads a request itself.
 
-Layers, outermost first (the parent adds: separate process, no environment variables, an
-unprivileged uid when it runs as root, a private network namespace when it can, wall-clock kill):
+The child tightens the jail (no new processes or threads, its own CPU limit, its own process
+group, only its two pipe ends open), reads its one request, runs the verifier once, writes one
+reply and exits. Nothing survives it: no module, builtin, file, thread or process. Inside, the
+Python layers give typed errors for what a verifier should not do; the kernel jail is the
+boundary when they are beaten:
 
-1. rlimits: address space, file size 0 (no file can grow), open files, no core dumps, no new
-   processes; a per-call CPU-time limit (SIGXCPU kills the worker).
-2. A PEP 578 audit hook, installed after the allowed modules are preloaded and impossible to
-   remove from Python: it refuses sockets, subprocesses, os.* calls, writes, reads outside the
-   Python installation, new imports outside the allowlist, ctypes, gc/frame introspection, and
-   SQLite connections to anything but the two read-only copies.
-3. The verifier's builtins: no open/exec/eval/compile/input, an ``__import__`` that only hands
+1. A PEP 578 audit hook, impossible to remove from Python: it refuses sockets, subprocesses, os.*
+   calls, writes, reads outside the Python installation, new imports outside the allowlist,
+   ctypes, gc/frame introspection, and SQLite connections to anything but the two read-only
+   copies.
+2. The verifier's builtins: no open/exec/eval/compile/input, an ``__import__`` that only hands
    out allowlisted modules, and a ``sqlite3`` whose ``connect`` opens the copies read-only and
    immutable.
-4. Every SQLite connection, ``:memory:`` ones included, however made (the hook sees each new
+3. Every SQLite connection, ``:memory:`` ones included, however made (the hook sees each new
    handle): attach limit 0 and an authorizer that denies ATTACH/DETACH (and so ``VACUUM INTO``
    and reading other database files), extension loading and unlisted pragmas; its class refuses
    the methods that would lift those (``set_authorizer``, ``setlimit``, ...).
 
-Python-level restrictions can be escaped by a determined attacker (``__subclasses__`` tricks);
-the audit hook and the OS layers are what hold then. Any violation is reported and the parent
-replaces the worker.
-
-Wire format on fds 0/1: 4-byte big-endian length, then a UTF-8 JSON object.
+Wire format on the pipes: 4-byte big-endian length, then a UTF-8 JSON object. Control messages
+are one JSON object per datagram.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import resource
+import select
 import signal
+import socket
 import sys
 import time
 import types
@@ -53,7 +57,7 @@ _DENIED_PREFIXES = (
     "sys._current_frames", "sys.setprofile", "sys.settrace", "sys.addaudithook", "sys.remote_exec",
     "code.__new__", "function.__new__", "marshal.", "pickle.", "object.__getattr__",
     "object.__setattr__", "object.__delattr__", "sqlite3.enable_load_extension",
-    "sqlite3.load_extension", "resource.prlimit", "_thread.start_new_thread", "fcntl.",
+    "sqlite3.load_extension", "resource.", "_thread.start_new_thread", "fcntl.",
     "mmap.", "syslog.", "webbrowser.", "urllib.", "http.", "ftplib.", "smtplib.", "imaplib.",
     "poplib.", "nntplib.", "telnetlib.", "builtins.input", "pty.", "tempfile.", "glob.",
     "posixsubprocess", "signal.", "winreg.", "msvcrt.", "_winapi.", "ensurepip.",
@@ -115,12 +119,7 @@ class _CallState:
         raise ForbiddenOperation(what)
 
 
-def _cpu_used() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-def _make_hook(state: _CallState, read_roots: tuple[str, ...], max_cpu_s: float):
+def _make_hook(state: _CallState, read_roots: tuple[str, ...]):
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
@@ -149,13 +148,6 @@ def _make_hook(state: _CallState, read_roots: tuple[str, ...], max_cpu_s: float)
             if type(args[0]) is not _LockedConnection or not state.opening:
                 state.violate(f"a sqlite3 connection made around the sandbox's connect "
                               f"({type(args[0]).__name__})")
-            return
-        if event == "resource.setrlimit":
-            # Only the per-call CPU window may move, and never beyond one call's budget.
-            which, limits = args
-            soft = limits[0]
-            if which != resource.RLIMIT_CPU or soft < 0 or soft > _cpu_used() + max_cpu_s + 2:
-                state.violate("resource.setrlimit")
             return
         if event.startswith(_DENIED_PREFIXES):
             if event.startswith("object.__") and len(args) >= 2:
@@ -276,54 +268,39 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def _run_one(req: dict, state: _CallState, builtins_: dict, cache: dict, max_result: int) -> dict:
-    state.violations.clear()
+def _run_one(req: dict, state: _CallState, builtins_: dict, max_result: int) -> dict:
     state.db_uris = {
         os.path.normpath(path): uri for path, uri in ((req["initial"], req["initial_uri"]),
                                                       (req["final"], req["final_uri"]))
     }
-    key = req["key"]
-    compiled = cache.get(key)
-    if compiled is None:
-        try:
-            compiled = compile(req["code"], "<verifier>", "exec")
-        except SyntaxError as exc:
-            return {"ok": False, "kind": "syntax", "error": f"syntax error: {exc}"}
-        if len(cache) > 256:
-            cache.clear()
-        cache[key] = compiled
+    try:
+        compiled = compile(req["code"], "<verifier>", "exec")
+    except SyntaxError as exc:
+        return {"ok": False, "kind": "syntax", "error": f"syntax error: {exc}"}
 
     glb = {"__builtins__": builtins_, "__name__": "verifier"}
-    resource.setrlimit(resource.RLIMIT_CPU, (int(_cpu_used() + req["cpu_s"]) + 1,
-                                             resource.RLIM_INFINITY))
     try:
         exec(compiled, glb)  # noqa: S102 - running it, fenced, is this process's only job
         fn = glb.get(req["func"])
         if not callable(fn):
             return {"ok": False, "kind": "no_function",
                     "error": f"verifier code defines no function {req['func']!r}"}
-        # fn.__code__ is off limits under the audit hook; the parent read the signature.
+        # fn.__code__ is off limits under the audit hook; the front read the signature.
         if req["mode"] == "code" and req.get("takes_answer", True):
             result = fn(req["initial"], req["final"], req.get("final_answer"))
         else:
             result = fn(req["initial"], req["final"])
     except ForbiddenOperation as exc:
-        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {exc}", "recycle": True}
+        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {exc}"}
     except MemoryError:
-        return {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)",
-                "recycle": True}
-    except RecursionError as exc:
-        return {"ok": False, "kind": "raised", "error": f"raised {_describe(exc)}",
-                "recycle": True}
+        return {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)"}
     except BaseException as exc:  # noqa: BLE001 - any failure of the verifier is its verdict
         if state.violations:
-            return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}",
-                    "recycle": True}
+            return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}"}
         return {"ok": False, "kind": "raised", "error": f"raised {_describe(exc)}"}
     if state.violations:
         # The verifier swallowed the refusal; it still tried.
-        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}",
-                "recycle": True}
+        return {"ok": False, "kind": "forbidden", "error": f"forbidden: {state.violations[0]}"}
     if not isinstance(result, dict):
         return {"ok": False, "kind": "bad_return",
                 "error": f"non-JSON return: expected a dict, got {type(result).__name__}"}
@@ -340,65 +317,91 @@ def _run_one(req: dict, state: _CallState, builtins_: dict, cache: dict, max_res
     return {"ok": True, "result_json": text}
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    # Keep the protocol on private fds; anything written to 0/1 by a verifier goes nowhere.
-    proto_in, proto_out = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    os.chdir("/")
+def _verify_once(jail, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
+    """The forked child: tighten the jail, run one verifier, write one reply, exit."""
+    jail.enter(jail.JailPolicy(memory_mb=None, cpu_s=cpu_s, threads=False, processes=False,
+                               new_session=False, min_landlock_abi=0, require_seccomp=False),
+               keep_fds=(0, 1, 2, req_fd, rep_fd))
+    req = _recv(req_fd)
+    os.close(req_fd)
+    state = _CallState()
+    global _LockedConnection
+    _LockedConnection = _locked_connection_class(state)
+    sys.addaudithook(_make_hook(state, config["read_roots"]))
+    try:
+        reply = _run_one(req, state, _safe_builtins(state), int(config["max_result_bytes"]))
+    except MemoryError:  # e.g. serializing a huge result
+        reply = {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)"}
+    except BaseException as exc:  # noqa: BLE001 - report; the process ends here anyway
+        reply = {"ok": False, "kind": "crashed", "error": f"worker failure: {_describe(exc)}"}
+    _send(rep_fd, reply)
 
+
+def _zygote(config: dict) -> None:
+    sys.path[:0] = config["sys_path"]  # only so envfarm.jail and pyseccomp load
+    from envfarm import jail
+
+    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
     for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
         __import__(name)
     time.strptime("2024-01-01", "%Y-%m-%d")  # warms _strptime's lazy state
     "x".encode("latin-1").decode("ascii")
-
-    mem = int(config["memory_mb"]) * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write that grows a file fails, not kills
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     uid = config.get("uid")
     if uid is not None and os.geteuid() == 0:
-        # Everything is loaded: from here on the worker cannot write files it does not own.
+        # Everything is loaded: from here on nothing can read files only root may read.
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    strict = not config["allow_unconfined"]
+    try:
+        have = jail.enter(jail.JailPolicy(
+            read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
+            processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
+            require_seccomp=strict), keep_fds=(0, 1, 2, ctl.fileno()))
+    except jail.JailError as exc:
+        ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
+        return
+    config["read_roots"] = tuple(os.path.join(p, "") for p in jail.readable_roots())
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe()}).encode())
 
-    read_roots = tuple(os.path.join(os.path.realpath(p), "") for p in sys.path if p) + tuple(
-        os.path.join(p, "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    )
-    state = _CallState()
-    global _LockedConnection
-    _LockedConnection = _locked_connection_class(state)
-    sys.addaudithook(_make_hook(state, read_roots, float(config["max_cpu_s"])))
-    builtins_ = _safe_builtins(state)
-    cache: dict = {}
-    max_result = int(config["max_result_bytes"])
-
-    _send(proto_out, {"ready": True, "pid": os.getpid()})
+    jobs: dict[int, int] = {}  # child pid -> job id
     while True:
         try:
-            req = _recv(proto_in)
-        except EOFError:
-            return
-        t0 = time.perf_counter()
-        try:
-            reply = _run_one(req, state, builtins_, cache, max_result)
-        except MemoryError:  # e.g. serializing a huge result
-            reply = {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)",
-                     "recycle": True}
-        except BaseException as exc:  # noqa: BLE001 - report, and let the parent replace us
-            reply = {"ok": False, "kind": "crashed", "error": f"worker failure: {_describe(exc)}",
-                     "recycle": True}
-        reply["worker_s"] = time.perf_counter() - t0
-        _send(proto_out, reply)
+            ready, _, _ = select.select([ctl, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 512)
+            while jobs:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
+        if ctl in ready:
+            msg, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
+            if not msg:
+                return  # the front is gone; the children die with us
+            job = json.loads(msg)
+            if len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _verify_once(jail, fds[0], fds[1], job["cpu_s"], config)
+                finally:
+                    os._exit(0)
+            for fd in fds:
+                os.close(fd)
+            jobs[pid] = job["id"]
+            ctl.send(json.dumps({"id": job["id"], "pid": pid}).encode())
 
 
 if __name__ == "__main__":
-    main()
+    _zygote(json.loads(sys.argv[1]))

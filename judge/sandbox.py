@@ -1,22 +1,26 @@
-"""A pool of reusable worker processes that run untrusted verifier code.
+"""Runs untrusted verifier code, each verification in a fresh, kernel-confined process.
 
-The caller's process never executes verifier code. Each worker (``_sandbox_worker.py``) runs one
-request at a time under rlimits and an audit hook; this side stages read-only copies of the two
-databases, enforces the wall-clock timeout by killing the worker, and replaces workers that die,
-time out or misbehave. Nothing from a worker is unpickled: the wire is length-prefixed JSON.
+The caller's process never executes verifier code. A zygote (``_sandbox_worker.py``, started
+once, jailed, with the allowed modules loaded) forks one child per verification. For each, this
+side stages read-only copies of the two databases, writes the request into a new pipe and hands
+the zygote that pipe's read end and a second pipe's write end for the reply; the zygote answers
+with the child's pid (this side kills it at the deadline, through a pidfd) and, later, its exit
+status. A reply is read only from the pipe made for that request, size-capped and checked for
+shape, so a verifier can answer for its own verification and no other. Nothing from a child is
+unpickled: the wire is length-prefixed JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
-import hashlib
 import json
 import os
-import queue
 import select
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,12 +34,15 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import envfarm
 from envfarm.errors import VerifierError
 from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import Mode, detect
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 _NOBODY = 65534
+_F_SETPIPE_SZ = 1031
+_MAX_REQUEST = 1 << 20  # the default pipe-max-size: a request fits its pipe, no writer blocks
 
 
 class VerifierErrorKind(str, Enum):
@@ -90,19 +97,22 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workers: int = Field(default=2, ge=1, le=256, description="worker processes in the pool")
+    workers: int = Field(default=2, ge=1, le=256,
+                         description="verifications at once (a fresh process each)")
     timeout_s: float = Field(default=10.0, gt=0, description="wall-clock limit per call")
-    memory_mb: int = Field(default=512, ge=64, description="address-space limit per worker")
+    memory_mb: int = Field(default=512, ge=64, description="address-space limit per process")
     cpu_s: float | None = Field(default=None, gt=0,
                                 description="CPU-time limit per call (default: timeout_s)")
-    max_calls_per_worker: int = Field(default=1000, ge=1,
-                                      description="recycle a worker after this many calls")
     max_result_bytes: int = Field(default=4 << 20, ge=1024, description="largest JSON result")
-    start_timeout_s: float = Field(default=15.0, gt=0, description="worker start-up limit")
+    start_timeout_s: float = Field(default=15.0, gt=0, description="zygote start-up limit")
     drop_privileges: bool = Field(default=True,
-                                  description="run workers as nobody when this process is root")
+                                  description="run verifiers as nobody when this process is root")
     isolate_network: bool = Field(default=True,
-                                  description="private network namespace for workers, if allowed")
+                                  description="private network namespace too, if allowed")
+    allow_unconfined: bool = Field(
+        default=False, description="run verifiers without the kernel jail where the kernel "
+        "lacks seccomp or Landlock (otherwise every verification fails, typed)")
+
 
 
 class _WorkerGone(Exception):
@@ -139,91 +149,125 @@ def _can_unshare_net() -> bool:
         return False
 
 
-class _Worker:
-    """One worker process and its two pipe ends."""
+def _import_roots() -> list[str]:
+    """Where the zygote finds ``envfarm.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
+    import pyseccomp
 
-    def __init__(self, config: SandboxConfig) -> None:
+    return sorted({str(Path(envfarm.__file__).resolve().parents[1]),
+                   str(Path(pyseccomp.__file__).resolve().parent)})
+
+
+class _Job:
+    """One verification's child, as the zygote reports it."""
+
+    def __init__(self) -> None:
+        self.pidfd: int | None = None
+        self.status: int | None = None
+        self.started = threading.Event()
+        self.ended = threading.Event()
+
+    def kill(self) -> None:
+        self.started.wait(1.0)
+        if self.pidfd is not None and not self.ended.is_set():
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class _Zygote:
+    """The jailed zygote process, its control socket, and the thread reading what it reports."""
+
+    def __init__(self, config: SandboxConfig, stage_dir: str) -> None:
         self.config = config
-        self.calls = 0
-        self.ready = False
-        to_child_r, self._to_child = os.pipe()
-        self._from_child, from_child_w = os.pipe()
-        cpu_s = config.cpu_s or config.timeout_s
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         drop = config.drop_privileges and os.geteuid() == 0
-        wconf = json.dumps({"memory_mb": config.memory_mb, "max_cpu_s": cpu_s,
-                            "max_result_bytes": config.max_result_bytes,
-                            "uid": _NOBODY if drop else None})
-        cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), wconf]
+        zconf = json.dumps({
+            "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
+            "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
+            "uid": _NOBODY if drop else None, "allow_unconfined": config.allow_unconfined})
+        cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]
         try:
             self.proc = subprocess.Popen(
-                cmd, stdin=to_child_r, stdout=from_child_w, stderr=subprocess.DEVNULL,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, close_fds=True,
-                start_new_session=True, cwd="/",
-            )
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True, cwd="/")
         finally:
-            os.close(to_child_r)
-            os.close(from_child_w)
+            theirs.close()
+        self._jobs: dict[int, _Job] = {}
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.jail = self._wait_ready()
+        self._reader = threading.Thread(target=self._read, name="verifier-zygote", daemon=True)
+        self._reader.start()
 
-    def _recv(self, deadline: float) -> dict[str, Any]:
-        size = int.from_bytes(_read_exact(self._from_child, 4, deadline), "big")
-        if size > self.config.max_result_bytes + (1 << 20):
-            raise _WorkerGone(VerifierErrorKind.crashed, "worker sent an oversized reply")
-        data = _read_exact(self._from_child, size, deadline)
+    def _wait_ready(self) -> str:
+        ready, _, _ = select.select([self._sock], [], [], self.config.start_timeout_s)
+        msg = self._sock.recv(65536) if ready else b""
         try:
-            reply = json.loads(data)
-        except ValueError as exc:
-            raise _WorkerGone(VerifierErrorKind.crashed, "worker sent an unreadable reply") from exc
-        if not isinstance(reply, dict):
-            raise _WorkerGone(VerifierErrorKind.crashed, "worker sent an unreadable reply")
-        return reply
+            hello = json.loads(msg) if msg else {}
+        except ValueError:
+            hello = {}
+        if not hello.get("ready"):
+            self.kill()
+            why = hello.get("error") or ("did not start in time" if not ready else "exited")
+            raise _WorkerGone(VerifierErrorKind.crashed, f"verifier zygote: {why}")
+        return str(hello.get("jail", ""))
 
-    def _died(self) -> _WorkerGone:
-        try:
-            code = self.proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return _WorkerGone(VerifierErrorKind.crashed, "worker stopped answering")
-        if code == -signal.SIGXCPU:
-            return _WorkerGone(VerifierErrorKind.cpu, "cpu time limit exceeded")
-        if code == -signal.SIGKILL:
-            return _WorkerGone(VerifierErrorKind.memory, "worker killed (memory?)")
-        if code < 0:
-            return _WorkerGone(VerifierErrorKind.crashed,
-                               f"worker crashed ({signal.Signals(-code).name})")
-        return _WorkerGone(VerifierErrorKind.crashed, f"worker exited with status {code}")
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._sock.recv(4096)
+            except OSError:
+                msg = b""
+            if not msg:
+                break
+            try:
+                note = json.loads(msg)
+                with self._lock:  # with forget(): a pidfd is closed exactly once
+                    job = self._jobs.get(note["id"])
+                    if job is not None and "pid" in note:
+                        try:
+                            job.pidfd = os.pidfd_open(int(note["pid"]))
+                        except OSError:
+                            pass  # already gone: its reply, or its end, says the rest
+                        job.started.set()
+                    elif job is not None and "status" in note:
+                        job.status = int(note["status"])
+                        job.ended.set()
+            except (ValueError, KeyError, TypeError):
+                continue
+        with self._lock:  # the zygote is gone: its children die with it (PR_SET_PDEATHSIG)
+            for job in self._jobs.values():
+                job.started.set()
+                job.ended.set()
 
-    def wait_ready(self) -> None:
-        if self.ready:
-            return
-        try:
-            reply = self._recv(time.monotonic() + self.config.start_timeout_s)
-        except TimeoutError:
-            self.kill()
-            raise _WorkerGone(VerifierErrorKind.crashed, "worker did not start in time") from None
-        except EOFError:
-            raise self._died() from None
-        if not reply.get("ready"):
-            self.kill()
-            raise _WorkerGone(VerifierErrorKind.crashed, "worker sent no ready message")
-        self.ready = True
+    def start(self, cpu_s: float, req_r: int, rep_w: int) -> tuple[int, _Job]:
+        job = _Job()
+        with self._lock:
+            self._seq += 1
+            job_id = self._seq
+            self._jobs[job_id] = job
+            try:
+                socket.send_fds(self._sock, [json.dumps({"id": job_id, "cpu_s": cpu_s}).encode()],
+                                [req_r, rep_w])
+            except OSError:
+                del self._jobs[job_id]
+                raise _WorkerGone(VerifierErrorKind.crashed, "verifier zygote is gone") from None
+        return job_id, job
 
-    def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.wait_ready()
-        data = json.dumps(request).encode()
-        self.calls += 1
-        deadline = time.monotonic() + timeout_s
-        try:
-            view = memoryview(len(data).to_bytes(4, "big") + data)
-            while view:
-                view = view[os.write(self._to_child, view):]
-            return self._recv(deadline)
-        except TimeoutError:
-            self.kill()
-            raise _WorkerGone(VerifierErrorKind.timeout, f"timeout after {timeout_s:g} s") from None
-        except (EOFError, BrokenPipeError):
-            raise self._died() from None
+    def forget(self, job_id: int) -> None:
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            if job is not None:
+                job.close()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -238,26 +282,49 @@ class _Worker:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        for fd in (self._to_child, self._from_child):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._to_child = self._from_child = -1
+        self._sock.close()
 
 
-def _shutdown(workers: list[_Worker], stager: Stager) -> None:
-    for w in list(workers):
-        w.kill()
+def _ended(status: int | None) -> _WorkerGone:
+    """What a child's exit status means when it sent no reply."""
+    if status is None:
+        return _WorkerGone(VerifierErrorKind.crashed, "verifier process ended without a reply")
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return _WorkerGone(VerifierErrorKind.cpu, "cpu time limit exceeded")
+        if sig == signal.SIGKILL:
+            return _WorkerGone(VerifierErrorKind.memory, "verifier process killed (memory?)")
+        return _WorkerGone(VerifierErrorKind.crashed,
+                           f"verifier process crashed ({signal.Signals(sig).name})")
+    return _WorkerGone(VerifierErrorKind.crashed,
+                       f"verifier process exited with status {os.WEXITSTATUS(status)}")
+
+
+_REPLY_KEYS = {True: {"ok", "result_json"}, False: {"ok", "kind", "error"}}
+
+
+def _check_reply(reply: object) -> dict[str, Any]:
+    """A reply has exactly the shape the child's harness writes; anything else is a crash."""
+    if (isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
+            and set(reply) == _REPLY_KEYS[reply["ok"]]
+            and all(isinstance(reply[k], str) for k in reply if k != "ok")):
+        return reply
+    raise _WorkerGone(VerifierErrorKind.crashed, "verifier process sent a malformed reply")
+
+
+def _shutdown(zygotes: list[_Zygote], stager: Stager) -> None:
+    for z in list(zygotes):
+        z.kill()
     stager.close()
 
 
 class VerifierSandbox:
-    """Runs verifier code in a pool of sandboxed, reusable worker processes.
+    """Runs each verifier in a fresh, kernel-confined process forked from a warm zygote.
 
     ``await sandbox.run(code, initial_db, final_db)`` or ``sandbox.run_sync(...)``; a verifier
     that fails in any way gives ``VerifierResult(ok=False, error=...)``, never an exception.
-    Usable as a (sync or async) context manager; ``close()`` kills the workers.
+    Usable as a (sync or async) context manager; ``close()`` kills the zygote and its children.
     """
 
     def __init__(self, workers: int = 2, timeout_s: float = 10.0, memory_mb: int = 512,
@@ -265,57 +332,40 @@ class VerifierSandbox:
         self.config = SandboxConfig(workers=workers, timeout_s=timeout_s, memory_mb=memory_mb,
                                     **options)
         self._stager = Stager()
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
-        self._all: list[_Worker] = []
         self._lock = threading.Lock()
+        self._zygotes: list[_Zygote] = []  # the current one last; a list for the finalizer
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=self.config.workers,
                                             thread_name_prefix="verifier-sandbox")
-        for _ in range(self.config.workers):
-            self._idle.put(self._spawn())
-        self._finalizer = weakref.finalize(self, _shutdown, self._all, self._stager)
+        self._finalizer = weakref.finalize(self, _shutdown, self._zygotes, self._stager)
+        try:
+            self._zygote()
+        except _WorkerGone:
+            pass  # reported, typed, by each call until it starts
 
-    # -- pool -------------------------------------------------------------------------------
-    def _spawn(self) -> _Worker:
-        worker = _Worker(self.config)
+    def _zygote(self) -> _Zygote:
         with self._lock:
-            self._all.append(worker)
-        return worker
-
-    def _retire(self, worker: _Worker) -> None:
-        worker.kill()
-        with self._lock:
-            if worker in self._all:
-                self._all.remove(worker)
-
-    def _acquire(self) -> _Worker:
-        while True:
             if self._closed:
                 raise RuntimeError("VerifierSandbox is closed")
-            try:
-                worker = self._idle.get(timeout=0.25)
-                break
-            except queue.Empty:
-                continue
-        if not worker.alive():
-            self._retire(worker)
-            worker = self._spawn()
-        return worker
-
-    def _release(self, worker: _Worker, recycle: bool) -> None:
-        if recycle or worker.calls >= self.config.max_calls_per_worker or not worker.alive():
-            self._retire(worker)
-            worker = self._spawn()  # starts now, ready by the next call
-        if self._closed:
-            self._retire(worker)
-            return
-        self._idle.put(worker)
+            if self._zygotes and self._zygotes[-1].alive():
+                return self._zygotes[-1]
+            for old in self._zygotes:
+                old.kill()
+            self._zygotes.clear()
+            self._zygotes.append(_Zygote(self.config, self._stager.dir))
+            return self._zygotes[-1]
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the current workers (for tests and monitoring)."""
+        """Process id of the zygote, while it runs (for tests and monitoring)."""
         with self._lock:
-            return [w.proc.pid for w in self._all if w.alive()]
+            return [z.proc.pid for z in self._zygotes if z.alive()]
+
+    @property
+    def jail(self) -> str:
+        """What confines the verifiers, as the zygote reported it ('' before it started)."""
+        with self._lock:
+            return self._zygotes[-1].jail if self._zygotes else ""
 
     # -- running ----------------------------------------------------------------------------
     def run_sync(self, code: str, initial_db: DbInput, final_db: DbInput,
@@ -336,7 +386,7 @@ class VerifierSandbox:
                   final_answer: str | None = None, mode: Mode | None = None, *,
                   function_name: str | None = None, raw_response: str | None = None,
                   timeout_s: float | None = None) -> VerifierResult:
-        """Run one verifier in a worker process; see the class docstring."""
+        """Run one verifier in a fresh process; see the class docstring."""
         if self._closed:
             raise RuntimeError("VerifierSandbox is closed")
         loop = asyncio.get_running_loop()
@@ -367,45 +417,94 @@ class VerifierSandbox:
                     return fail(VerifierErrorKind.bad_input, f"cannot stage database: {exc}")
             (initial, _), (final, _) = staged
             request = {
-                "key": hashlib.blake2b(code.encode(), digest_size=16).hexdigest(),
                 "code": code, "func": spec.function, "mode": spec.mode,
                 "takes_answer": spec.takes_answer,
                 "initial": initial, "final": final,
                 "initial_uri": ro_uri(initial), "final_uri": ro_uri(final),
                 "final_answer": final_answer,
-                "cpu_s": self.config.cpu_s or self.config.timeout_s,
             }
-            worker = self._acquire()
-            recycle = True
             try:
-                reply = worker.call(request, timeout_s or self.config.timeout_s)
-                recycle = bool(reply.get("recycle"))
+                reply = self._call(request, timeout_s or self.config.timeout_s)
             except _WorkerGone as gone:
                 return fail(gone.kind, gone.message)
-            finally:
-                self._release(worker, recycle)
         finally:
             for path, cached in staged:
                 self._stager.release(path, cached)
-        if not reply.get("ok"):
+        if not reply["ok"]:
             try:
-                kind = VerifierErrorKind(reply.get("kind"))
+                kind = VerifierErrorKind(reply["kind"])
             except ValueError:
                 kind = VerifierErrorKind.crashed
-            return fail(kind, str(reply.get("error") or "verifier failed"))
+            return fail(kind, reply["error"])
         try:
             result = json.loads(reply["result_json"])
-        except (KeyError, TypeError, ValueError):
-            return fail(VerifierErrorKind.crashed, "worker sent an unreadable result")
+        except ValueError:
+            return fail(VerifierErrorKind.crashed, "verifier process sent an unreadable result")
+        if not isinstance(result, dict):
+            return fail(VerifierErrorKind.crashed, "verifier process sent a malformed result")
         return VerifierResult(ok=True, mode=spec.mode, function=spec.function, result=result,
                               elapsed_s=time.perf_counter() - t0)
 
+    def _call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One request to one fresh child, over two pipes made for it alone."""
+        data = json.dumps(request).encode()
+        frame = len(data).to_bytes(4, "big") + data
+        if len(frame) > _MAX_REQUEST:
+            raise _WorkerGone(VerifierErrorKind.bad_input,
+                              f"verifier request too large ({len(frame)} bytes)")
+        zygote = self._zygote()
+        req_r, req_w = os.pipe2(os.O_CLOEXEC)
+        rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            if len(frame) > 65536:
+                fcntl.fcntl(req_w, _F_SETPIPE_SZ, len(frame))
+            view = memoryview(frame)
+            while view:  # fits the pipe: never blocks
+                view = view[os.write(req_w, view):]
+            os.close(req_w)
+            req_w = -1
+            cpu_s = self.config.cpu_s or self.config.timeout_s
+            job_id, job = zygote.start(cpu_s, req_r, rep_w)
+        except BaseException:
+            for fd in (req_w, rep_r):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)  # the child holds the only write end now: EOF when it ends
+        try:
+            deadline = time.monotonic() + timeout_s
+            try:
+                size = int.from_bytes(_read_exact(rep_r, 4, deadline), "big")
+                if size > self.config.max_result_bytes + (1 << 16):
+                    job.kill()
+                    raise _WorkerGone(VerifierErrorKind.crashed,
+                                      "verifier process sent an oversized reply")
+                raw = _read_exact(rep_r, size, deadline)
+            except TimeoutError:
+                job.kill()
+                raise _WorkerGone(VerifierErrorKind.timeout,
+                                  f"timeout after {timeout_s:g} s") from None
+            except EOFError:
+                job.ended.wait(2.0)
+                raise _ended(job.status) from None
+            try:
+                return _check_reply(json.loads(raw))
+            except ValueError:
+                raise _WorkerGone(VerifierErrorKind.crashed,
+                                  "verifier process sent an unreadable reply") from None
+        finally:
+            os.close(rep_r)
+            zygote.forget(job_id)
+
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Kill every worker and delete the staged databases. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Kill the zygote (its children die with it) and delete the staged databases."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._finalizer()
 

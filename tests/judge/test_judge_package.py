@@ -16,15 +16,18 @@ def test_import_needs_no_ray():
     assert out.stdout.strip() == "ok"
 
 
-def test_worker_script_imports_only_the_standard_library():
+def test_worker_script_imports_only_the_standard_library_and_the_jail():
     import ast
     from pathlib import Path
 
     src = (Path(judge.__file__).parent / "_sandbox_worker.py").read_text()
-    names = set()
+    names, project = set(), set()
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module.split(".")[0])
-    assert names <= set(sys.stdlib_module_names) | {"__future__"}
+            if node.module.split(".")[0] == "envfarm":
+                project |= {f"{node.module}.{a.name}" for a in node.names}
+    assert names <= set(sys.stdlib_module_names) | {"__future__", "envfarm"}
+    assert project == {"envfarm.jail"}  # the zygote loads the jail, nothing else of ours

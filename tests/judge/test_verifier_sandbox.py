@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,28 @@ def test_connecting_elsewhere_is_forbidden(sandbox, small_dbs, tmp_path):
     assert not (tmp_path / "other.db").exists()
 
 
-def test_infinite_loop_is_killed_and_the_worker_replaced(small_dbs):
+def children(pid: int) -> list[int]:
+    """Live (not zombie) child processes of ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+def wait_no_children(pid: int, within_s: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := children(pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def test_infinite_loop_is_killed_and_the_zygote_serves_on(small_dbs):
     with VerifierSandbox(workers=1, timeout_s=0.5) as sandbox:
         before = sandbox.pids
         res = sandbox.run_sync("def verify_task(a, b):\n    while True:\n        pass\n",
@@ -159,8 +181,9 @@ def test_infinite_loop_is_killed_and_the_worker_replaced(small_dbs):
         assert res.error_kind is VerifierErrorKind.timeout
         assert res.error == "timeout after 0.5 s"
         assert 0.5 <= res.elapsed_s < 3
+        assert wait_no_children(before[0]) == []  # the looping child was killed
         _assert_pool_serves(sandbox, small_dbs)
-        assert sandbox.pids != before
+        assert sandbox.pids == before  # the zygote was never touched
 
 
 def test_cpu_limit_kills_a_busy_worker(small_dbs):

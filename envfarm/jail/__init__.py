@@ -1,0 +1,150 @@
+"""Kernel confinement for processes that run generated code; no root needed.
+
+``enter(policy)`` is called once inside a child process, before it reads any untrusted input,
+and cannot be undone: it closes every descriptor not kept, empties the environment, gives the
+process its own session and death with its parent, sets rlimits, drops capabilities, sets
+no_new_privs, then applies Landlock (read-only access to the Python installation, ``sys.path``
+and ``policy.read_paths``; no writes; no TCP; no signals or abstract unix sockets beyond its own
+domain) and a seccomp filter (see ``_seccomp``). Calling it again, e.g. in a child forked from a
+jailed zygote, stacks a tighter layer. ``support()`` says what this kernel has.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from envfarm.jail import _landlock, _process, _seccomp
+
+__all__ = ["JailError", "JailPolicy", "JailSupport", "enter", "readable_roots", "support"]
+
+
+class JailError(RuntimeError):
+    """A confinement layer the policy needs cannot be applied (``layer`` names it)."""
+
+    def __init__(self, message: str, layer: str) -> None:
+        super().__init__(message)
+        self.layer = layer
+
+
+@dataclass(frozen=True)
+class JailPolicy:
+    """What a jailed process may still do."""
+
+    read_paths: tuple[str, ...] = ()   # extra readable trees (the Python installation, sys.path
+                                       # entries and imported packages are always readable)
+    memory_mb: int | None = 1024       # RLIMIT_AS
+    cpu_s: float | None = None         # RLIMIT_CPU (whole process, from now)
+    max_open_files: int = 64           # RLIMIT_NOFILE
+    threads: bool = True               # allow clone(CLONE_THREAD)
+    processes: bool = False            # allow fork/clone of processes (a zygote)
+    min_landlock_abi: int = 1          # 0: run without Landlock where the kernel lacks it
+    require_seccomp: bool = True       # False: run without seccomp where the kernel lacks it
+    parent_pid: int | None = None      # the parent to die with (default: the current parent)
+    new_session: bool = True           # setsid; False: only a process group of its own (cheaper)
+
+
+@dataclass(frozen=True)
+class JailSupport:
+    """What this kernel offers for confinement."""
+
+    seccomp: bool
+    landlock_abi: int
+
+    @property
+    def ok(self) -> bool:
+        """Both layers exist (the default policy can be applied)."""
+        return self.seccomp and self.landlock_abi >= 1
+
+    def describe(self) -> str:
+        ll = "no landlock" if not self.landlock_abi else (
+            f"landlock ABI {self.landlock_abi} (files"
+            + (", tcp" if self.landlock_abi >= 4 else "")
+            + (", signal/abstract-socket scopes" if self.landlock_abi >= 6 else "") + ")")
+        return f"{'seccomp' if self.seccomp else 'no seccomp'}, {ll}"
+
+
+@functools.cache
+def support() -> JailSupport:
+    """Probe this kernel once (cached; a forked child inherits the answer)."""
+    return JailSupport(seccomp=_seccomp.available(), landlock_abi=_landlock.abi_version())
+
+
+#: The dynamic loader's search path and cache: a lazily imported C extension (``_sqlite3``) loads
+#: its system libraries (``libsqlite3.so``) from here. System libraries only, no data.
+SYSTEM_LIBRARIES = ("/etc/ld.so.cache", "/lib", "/lib64", "/usr/lib", "/usr/lib64",
+                    "/usr/local/lib")
+
+
+def readable_roots(extra: Sequence[str] = ()) -> list[str]:
+    """The trees a jailed process may read: the Python installation, real ``sys.path`` folders,
+    the folders of imported packages (editable installs live elsewhere), the system's shared
+    libraries, and ``extra``."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *SYSTEM_LIBRARIES, *extra}
+    roots.update(p for p in sys.path if p not in ("", ".") and os.path.isabs(p))
+    for module in list(sys.modules.values()):
+        for path in getattr(module, "__path__", None) or ():
+            if isinstance(path, str) and os.path.isabs(path):
+                roots.add(path)
+    out = {os.path.realpath(p) for p in roots if os.path.exists(p)}
+    out.discard("/")  # a sys.path entry of "/" must not open the whole machine
+    return sorted(out)
+
+
+_ENTERED_ROOTS: list[str] | None = None  # set by the first enter(); a fork inherits it
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        import threading
+
+        return threading.active_count() == 1
+
+
+def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSupport:
+    """Confine this process, irreversibly; see the module docstring. Raises ``JailError``
+    before changing anything when the kernel lacks a layer the policy needs."""
+    have = support()
+    if policy.require_seccomp and not have.seccomp:
+        raise JailError("this kernel has no seccomp filters", layer="seccomp")
+    if policy.min_landlock_abi > have.landlock_abi:
+        raise JailError(f"the policy needs Landlock ABI {policy.min_landlock_abi}, "
+                        f"this kernel has {have.landlock_abi or 'none'}", layer="landlock")
+    if not _single_threaded():
+        # Landlock confines the calling thread only; other threads would stay free.
+        raise JailError("enter() needs a single-threaded process", layer="threads")
+    global _ENTERED_ROOTS
+    # Entering again (a zygote's child) stacks a layer: the roots of the first layer bound it
+    # anyway, and the seccomp layer needs only what tightens.
+    first = _ENTERED_ROOTS is None
+    roots = (readable_roots(policy.read_paths) if first else _ENTERED_ROOTS) \
+        if have.landlock_abi else []
+    flt = _seccomp.build(os.getpid(), policy.threads, policy.processes, first) \
+        if have.seccomp else None
+    try:
+        _process.close_fds_except(keep_fds)
+        os.environ.clear()
+        _process.own_session(policy.new_session)
+        _process.die_with_parent(policy.parent_pid)
+        _process.set_limits(policy.memory_mb, policy.cpu_s, policy.max_open_files)
+        _process.drop_capabilities()
+        _process.no_new_privs()
+    except OSError as exc:
+        raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
+    if have.landlock_abi:
+        try:
+            _landlock.restrict_read_only(roots, have.landlock_abi)
+        except OSError as exc:
+            raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+    if flt is not None:
+        try:
+            flt.load()
+        except OSError as exc:
+            raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
+    _ENTERED_ROOTS = roots
+    return have

@@ -1,0 +1,91 @@
+"""Landlock through its three syscalls (ctypes), for every ABI up to 7.
+
+The ``landlock`` package on PyPI (1.0.0.dev5) handles file-system rights only; TCP rules (ABI 4)
+and scopes for signals and abstract unix sockets (ABI 6) need the longer ruleset struct, so this
+small layer speaks to the kernel itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same on every arch
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+
+# File-system rights (include/uapi/linux/landlock.h), and the ABI that added them.
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: 1 << 13, 3: 1 << 14, 5: 1 << 15}  # ABI 1: bits 0..12
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # packed in the kernel's header
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _syscall(*args) -> int:
+    ret = _libc.syscall(*args)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def abi_version() -> int:
+    """The kernel's Landlock ABI, 0 when Landlock is missing or disabled."""
+    try:
+        return _syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+                        ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+def handled_fs(abi: int) -> int:
+    return sum(bits for since, bits in _FS_BY_ABI.items() if abi >= since)
+
+
+def restrict_read_only(paths: list[str], abi: int) -> None:
+    """Restrict this thread (and what it later forks) to reading ``paths``: no writes anywhere,
+    no TCP bind/connect, no signals or abstract unix sockets beyond its domain. Needs
+    no_new_privs already set and a single-threaded process."""
+    handled = handled_fs(abi)
+    attr = _RulesetAttr(handled_access_fs=handled)
+    size = 8
+    if abi >= 4:
+        attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP
+        size = 16
+    if abi >= 6:
+        attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
+        size = 24
+    ruleset = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr),
+                       ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a path that is gone grants nothing
+            try:
+                is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+                rule = _PathBeneathAttr(allowed_access=READ_FILE | (READ_DIR if is_dir else 0),
+                                        parent_fd=fd)
+                _syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset),
+                         ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+            finally:
+                os.close(fd)
+        _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)

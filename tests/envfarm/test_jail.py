@@ -1,0 +1,254 @@
+"""The kernel jail, attacked from inside a real jailed child (envfarm.jail).
+
+A front process (jail_front.py) holds a secret in its environment and in an open file it never
+passes on; for each attack it forks a child that enters the jail and runs the attack's code.
+Every attack must end safely: refused (typed), or killed by the kernel, with the front alive
+and the secret never seen.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envfarm.jail import JailError, JailPolicy, enter, support
+
+REPO = Path(__file__).resolve().parents[2]
+FRONT = Path(__file__).with_name("jail_front.py")
+SECRET = "sk-front-secret-4242"
+
+pytestmark = [
+    pytest.mark.skipif(not support().ok, reason=f"kernel lacks: {support().describe()}"),
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers are x86_64's"),
+]
+
+
+def _c(code: str) -> str:
+    return textwrap.dedent(code).strip()
+
+
+#: name -> (code, policy, expectation). The code sets ``result`` or raises.
+#: Expectations: "denied" = PermissionError/OSError raised; "minus1" = a raw syscall returned -1;
+#: a signal name = the kernel killed the child; a callable = custom check on the report.
+ATTACKS: dict[str, tuple[str, dict, object]] = {
+    "socket.socket": ("import socket; socket.socket()", {}, "denied"),
+    "_socket.socket": ("import _socket; _socket.socket()", {}, "denied"),
+    "unix socket to the front": (
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0x')", {}, "denied"),
+    "socketpair": ("import socket; socket.socketpair()", {}, "denied"),
+    "os.system": ("import os; result = os.system('touch /tmp/envfarm-jail-marker')", {},
+                  lambda r: r["child"]["result"] != "0"),
+    "subprocess": ("import subprocess; subprocess.run(['/bin/true'])", {}, "denied"),
+    "os.fork": ("import os; os.fork()", {}, "denied"),
+    "posix.fork": ("import posix; posix.fork()", {}, "denied"),
+    "os.posix_spawn": ("import os; os.posix_spawn('/bin/true', ['true'], {})", {}, "denied"),
+    "syscall fork": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.syscall(57), ctypes.get_errno())  # SYS_fork
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "syscall execve": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        argv = (ctypes.c_char_p * 2)(b'/bin/sh', None)
+        result = (libc.syscall(59, b'/bin/sh', argv, None), ctypes.get_errno())
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "syscall clone without CLONE_THREAD": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.syscall(56, 17, None, None, None, None), ctypes.get_errno())  # SIGCHLD
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "x32 syscall socket": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = libc.syscall(0x40000000 | 41, 2, 1, 0)
+        """), {}, lambda r: r["signal"] == "SIGSYS" or r["child"]["result"] == "-1"),
+    "write /tmp": ("open('/tmp/envfarm-jail-marker', 'w').write('x')", {}, "denied"),
+    "write the project": (f"open({str(REPO / 'jail-marker')!r}, 'w').write('x')", {}, "denied"),
+    "os.open O_CREAT": ("import os; os.open('/dev/shm/envfarm-jail-marker', os.O_CREAT|os.O_WRONLY)",
+                        {}, "denied"),
+    "read /etc/passwd": ("result = open('/etc/passwd').read()", {}, "denied"),
+    "list /": ("import os; result = os.listdir('/')", {}, "denied"),
+    "parent environ": ("result = open(f'/proc/{PARENT}/environ').read()", {}, "denied"),
+    "parent mem": ("result = open(f'/proc/{PARENT}/mem', 'rb').read(16)", {}, "denied"),
+    "own environ file": ("result = open('/proc/self/environ').read()", {}, "denied"),
+    "os.environ": ("import os; result = dict(os.environ)", {},
+                   lambda r: r["child"]["result"] == "{}"),
+    "reopen a kept read-only file for writing": (
+        "result = open(f'/proc/self/fd/{RO_FD}', 'a')", {}, "denied"),
+    "the front's fd not passed": ("import os; result = os.read(SECRET_FD, 100)", {}, "denied"),
+    "kill the front": ("import os, signal; os.kill(PARENT, signal.SIGKILL)", {}, "denied"),
+    "killpg the front": ("import os, signal; os.killpg(os.getpgid(PARENT), signal.SIGKILL)", {},
+                         "denied"),
+    "signal pid 1": ("import os; os.kill(1, 0)", {}, "denied"),
+    "pidfd_open the front": ("import os; os.pidfd_open(PARENT)", {}, "denied"),
+    "lower the front's rlimit": (
+        "import resource; resource.prlimit(PARENT, resource.RLIMIT_NOFILE, (3, 3))", {},
+        "denied"),
+    "renice the front's user": ("import os; os.setpriority(os.PRIO_USER, 0, 19)", {}, "denied"),
+    "raise own rlimit": (_c("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        """), {}, lambda r: r["child"]["raised"] == "ValueError" or r["child"]["errno"] == 1),
+    "ptrace attach": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.syscall(101, 16, PARENT, None, None), ctypes.get_errno())
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "process_vm_readv": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.syscall(310, PARENT, None, 0, None, 0, 0), ctypes.get_errno())
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "io_uring_setup": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        params = ctypes.create_string_buffer(120)
+        result = (libc.syscall(425, 8, params), ctypes.get_errno())
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "unshare a user namespace": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.unshare(0x10000000), ctypes.get_errno())  # CLONE_NEWUSER
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
+    "memory blow-up": ("x = bytearray(1 << 30)", {"memory_mb": 256},
+                       lambda r: r["child"]["raised"] == "MemoryError"),
+    "cpu loop": ("while True: pass", {"cpu_s": 1},
+                 lambda r: r["signal"] in ("SIGXCPU", "SIGKILL") and r["child"] is None),
+    # What a jailed worker must still be able to do:
+    "threads work": (_c("""
+        import threading; out = []
+        t = threading.Thread(target=lambda: out.append(1)); t.start(); t.join()
+        result = out
+        """), {}, lambda r: r["child"]["result"] == "[1]"),
+    "threads off": ("import threading; threading.Thread(target=print).start()",
+                    {"threads": False}, lambda r: r["child"]["raised"] == "RuntimeError"),
+    "sqlite and json work": (_c("""
+        import sqlite3, json
+        c = sqlite3.connect(':memory:'); c.execute('create table t(x)')
+        c.execute('insert into t values (1)')
+        result = json.dumps(c.execute('select * from t').fetchall())
+        """), {}, lambda r: r["child"]["result"] == "'[[1]]'"),
+    "read_paths are readable": (f"result = len(open({str(FRONT)!r}).read()) > 0",
+                                {"read_paths": [str(FRONT.parent)]},
+                                lambda r: r["child"]["result"] == "True"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    secret_file = tmp_path_factory.mktemp("front") / "secret"
+    secret_file.write_text(SECRET)
+    attacks = [{"name": n, "code": c, "policy": p} for n, (c, p, _) in ATTACKS.items()]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ENVFARM_FRONT_SECRET": SECRET}
+    out = subprocess.run([sys.executable, str(FRONT), str(secret_file)], input=json.dumps(attacks),
+                         capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert SECRET not in out.stdout
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    return {r["name"]: r for r in lines}
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_attack_ends_safely(name, reports):
+    report = reports.get(name)
+    assert report is not None, f"the front died before {name!r}"
+    assert report["front_alive"]
+    expect = ATTACKS[name][2]
+    child = report["child"]
+    if expect == "denied":
+        assert child is not None, report
+        assert child["raised"] in ("PermissionError", "OSError"), report
+    else:
+        assert expect(report), report
+    assert not Path("/tmp/envfarm-jail-marker").exists()
+    assert not (REPO / "jail-marker").exists()
+    assert not Path("/dev/shm/envfarm-jail-marker").exists()
+
+
+def test_the_probe_reports_this_kernel():
+    have = support()
+    status = Path("/proc/self/status").read_text()
+    assert have.seccomp == ("Seccomp:" in status)
+    lsm = Path("/sys/kernel/security/lsm")
+    if lsm.exists():
+        assert (have.landlock_abi > 0) == ("landlock" in lsm.read_text().split(","))
+    assert str(have.landlock_abi) in have.describe()
+
+
+def test_a_policy_needing_more_than_the_kernel_has_is_refused():
+    env_before = dict(os.environ)
+    with pytest.raises(JailError) as info:
+        enter(JailPolicy(min_landlock_abi=support().landlock_abi + 1))
+    assert info.value.layer == "landlock"
+    assert dict(os.environ) == env_before  # refused before anything changed
+
+
+_ZYGOTE = _c("""
+    import json, os, sys, threading
+    from envfarm.jail import JailError, JailPolicy, enter
+    r, w = os.pipe()
+    t = threading.Thread(target=lambda: __import__('time').sleep(0.5)); t.start()
+    try:
+        enter(JailPolicy())
+        threaded = "entered"
+    except JailError as exc:
+        threaded = exc.layer
+    t.join()
+    enter(JailPolicy(processes=True), keep_fds=(1, 2, r, w))
+    zygote = os.getpid()
+    pid = os.fork()  # the zygote may fork ...
+    if pid == 0:
+        enter(JailPolicy(new_session=False, cpu_s=2), keep_fds=(w,))  # ... its child tightens
+        out = {}
+        for what, fn in [("fork", os.fork), ("kill_zygote", lambda: os.kill(zygote, 9))]:
+            try:
+                fn(); out[what] = "allowed"
+            except PermissionError:
+                out[what] = "denied"
+        os.write(w, json.dumps(out).encode()); os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"threaded": threaded, "child": json.loads(os.read(r, 1000))}))
+""")
+
+
+def test_a_zygote_forks_and_its_children_tighten():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _ZYGOTE], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert got["threaded"] == "threads"  # Landlock would miss the other thread: refused
+    assert got["child"] == {"fork": "denied", "kill_zygote": "denied"}
+
+
+_ORPHAN = _c("""
+    import os, sys, time
+    from envfarm.jail import JailPolicy, enter
+    pid = os.fork()
+    if pid == 0:
+        enter(JailPolicy(), keep_fds=())
+        time.sleep(60)
+        os._exit(0)
+    print(pid, flush=True)
+    time.sleep(0.3)
+    os._exit(0)  # the front dies; its jailed child must follow
+""")
+
+
+def test_the_child_dies_with_its_parent():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    pytest.fail("the jailed child outlived its parent")
