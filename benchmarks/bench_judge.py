@@ -272,7 +272,7 @@ async def bench_serve(n: int, latency: float, repeat: int) -> None:
     from judge.service import JudgeServiceConfig, judge_app
 
     mock = _mock(latency)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             reqs = _judge_requests(n, Path(tmp))

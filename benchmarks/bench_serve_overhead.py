@@ -92,7 +92,8 @@ def main() -> None:
         def __serve_build_asgi_app__(self) -> Any:
             return trivial_app
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port},
                 logging_config={"log_level": "WARNING"})

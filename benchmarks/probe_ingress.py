@@ -47,7 +47,7 @@ def wrk(conns: int, secs: int = 5) -> dict:
     return {"conns": conns, "req_s": rps, "p50": p50, "errors": errs}
 
 
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 serve.start(http_options={"host": "127.0.0.1", "port": 8000})
 serve.run(Echo.bind(), route_prefix="/")
 for _ in range(50):

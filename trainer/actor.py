@@ -53,7 +53,7 @@ def train_on_ray(config: TrainConfig, farm_url: str, log: Callable[[str], Any] =
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     try:
         actor = start_actor(config, farm_url)

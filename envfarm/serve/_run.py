@@ -54,8 +54,9 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
         else:
             use_ingress(options.proxy)  # the embedded Ray's processes inherit it
             os.environ.setdefault(ENV_DRAIN, LOCAL_DRAIN_S)
-            ray.init(num_cpus=options.num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            # address="local": a new embedded cluster, never one another program left behind
+            ray.init(address="local", num_cpus=options.num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
         started_ray = True
     _check_cluster_ingress(options.proxy)
     serve.start(http_options={"host": options.host, "port": options.port},

@@ -24,7 +24,7 @@ from judge.service import JudgeServiceConfig, judge_app
 
 async def main(path: str) -> None:
     requests = json.loads(Path(path).read_text())
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     config = JudgeServiceConfig(judge=JudgeConfig(use_llm="never"), max_batch_size=16,
                                 batch_wait_timeout_s=0.05)

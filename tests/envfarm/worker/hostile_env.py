@@ -188,9 +188,8 @@ async def change_process():
             "umask": _try(lambda: _posix().umask(0))}
 '''
 
-CARELESS = '''
+MODULE_STATE = '''
 _CACHE = {}
-_db = SessionLocal()  # one session for the whole module, as careless code keeps it
 
 
 @app.post("/c/remember", operation_id="remember")
@@ -202,6 +201,10 @@ async def remember(key: str, value: str):
 @app.get("/c/recall", operation_id="recall")
 async def recall():
     return {"cache": dict(_CACHE)}
+'''
+
+CARELESS = '''
+_db = SessionLocal()  # one session for the whole module, as careless code keeps it
 
 
 @app.post("/c/note_via_module_session", operation_id="note_via_module_session")
