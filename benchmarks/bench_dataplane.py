@@ -86,7 +86,7 @@ class Farm:
         kind, *assigns = kind.split("@")
         env = {**os.environ, **dict(a.split("=", 1) for a in assigns)}
         proxy, *flags = kind.split("+")
-        args += (["--no-ray"] if kind == "no-ray" else
+        args += ([f"--{f}" for f in ("no-ray", *flags)] if proxy == "no-ray" else
                  ["--proxy", proxy, "--num-cpus", "2", *(f"--{f}" for f in flags)])
         if kind == "frameworks":
             args = [PY, "-c", _FRAMEWORKS_ONLY, ENV, str(warm), str(self.port)]

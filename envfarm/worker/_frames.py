@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 #: Largest frame either side accepts (a database image is the biggest thing sent).
-MAX_FRAME = 256 << 20
+MAX_FRAME = 64 << 20
 _U32 = 4
 
 

@@ -17,10 +17,13 @@ import sys
 import time
 from typing import Any
 
+from envfarm.models import CallResult, ToolError
 from envfarm.worker import _frames
 
 #: How long the tasks of a request may take to hand their reply to the pipe at exit.
 _EXIT_GRACE_S = 1.0
+#: Largest tool answer passed on (an agent reads it; the front parses it).
+MAX_RESULT_BYTES = 8 << 20
 
 
 def _private_channel() -> tuple[int, int]:
@@ -92,10 +95,17 @@ class Worker:
             return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""
         if op == "call":
             res = await inst.call(header["tool"], header.get("args"))
+            body = res.model_dump_json().encode()
+            if len(body) > MAX_RESULT_BYTES:
+                res = CallResult(ok=False, status=res.status, elapsed_ms=res.elapsed_ms,
+                                 error=ToolError(kind="env_error", message=(
+                                     f"tool {header['tool']!r} answered {len(body)} bytes; "
+                                     f"the limit is {MAX_RESULT_BYTES}")))
+                body = res.model_dump_json().encode()
             reply = {"ok": True}
             if self.runtime.timeouts:  # timed-out code may still be running here
                 reply["drain"] = True
-            return reply, res.model_dump_json().encode()
+            return reply, body
         if op == "reset":
             async with inst.lock:
                 inst.reset()

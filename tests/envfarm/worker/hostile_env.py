@@ -176,6 +176,16 @@ def swallow_timeout():
             continue
 
 
+@app.get("/x/stop", operation_id="stop_itself")
+async def stop_itself():
+    _importlib.import_module("_signal").raise_signal(19)  # SIGSTOP: frozen, answering nothing
+
+
+@app.get("/x/huge", operation_id="huge_answer")
+async def huge_answer():
+    return {"blob": "x" * (9 << 20)}
+
+
 @app.get("/x/memory", operation_id="eat_memory")
 async def eat_memory():
     return _try(lambda: len(bytearray(8 << 30)))

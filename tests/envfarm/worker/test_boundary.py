@@ -219,6 +219,20 @@ def test_code_that_swallows_its_timeout_is_answered_and_its_worker_drained(secre
         farm.stop()
 
 
+def test_a_worker_that_stops_itself_is_killed_at_the_deadline(api, victim):
+    path, auth, _ = api.lease("hostile")
+    _lost(api.call(path, auth, "stop_itself"))
+    _victim_intact(api, victim)
+
+
+def test_an_oversized_answer_is_a_typed_error(api):
+    path, auth, _ = api.lease("hostile")
+    r = api.call(path, auth, "huge_answer")
+    assert r.status_code == 200 and r.json()["error"]["kind"] == "env_error"
+    assert "limit" in r.json()["error"]["message"]
+    assert api.call(path, auth, "list_notes").json()["ok"]
+
+
 def test_a_memory_blow_up_is_a_typed_error(api, victim):
     path, auth, _ = api.lease("hostile")
     r = api.call(path, auth, "eat_memory")
