@@ -55,6 +55,9 @@ class EnvReport(BaseModel):
     problems: list[str] = Field(default_factory=list)
     defects: list[str] = Field(default_factory=list,
                                description="Tools that failed every schema-valid probe (4xx each time).")
+    module_state: list[str] = Field(default_factory=list, description=(
+        "Module globals that tool calls change (with --probe): leases would see each other "
+        "through them, so the farm gives such an env a worker per lease."))
     task_checks: list[TaskCheck] = Field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -81,6 +84,7 @@ async def check_env(bundle: EnvBundle, sandbox: Any, *, probe: bool = False,
         probed = await probe_tools(runtime)
         report.problems += probed.errors
         report.defects = probed.defects
+        report.module_state = await module_state_leaks(runtime)
     for idx in sorted(bundle.solutions):
         report.task_checks.append(await check_task(runtime, idx, sandbox))
     report.solvable = sum(t.solvable for t in report.task_checks)

@@ -138,3 +138,6 @@ def _print_reports(reports: list[EnvReport]) -> None:
             console.print(f"  [yellow]{r.name}:[/yellow] {problem}")
         for defect in r.defects:
             console.print(f"  [dim]{r.name} (defect):[/dim] {defect}")
+        if r.module_state:
+            console.print(f"  [yellow]{r.name} (module state):[/yellow] tool calls change "
+                          f"{', '.join(r.module_state)}: served with a worker per lease")

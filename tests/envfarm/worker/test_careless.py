@@ -89,3 +89,15 @@ def test_the_bundled_envs_keep_no_module_state(bundled_catalog):
 
     for name in bundled_catalog.servable:
         assert asyncio.run(module_state_leaks(EnvRuntime(bundled_catalog[name]))) == [], name
+
+
+def test_envs_check_reports_module_state():
+    import asyncio
+
+    from envfarm.check import check_env
+    from tests.envfarm.worker.conftest import catalog
+
+    bundles = catalog(stateful=with_code(MODULE_STATE), careless=with_code(CARELESS))
+    stateful = asyncio.run(check_env(bundles["stateful"], sandbox=None, probe=True))
+    careless = asyncio.run(check_env(bundles["careless"], sandbox=None, probe=True))
+    assert stateful.module_state == ["_CACHE"] and careless.module_state == []
