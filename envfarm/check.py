@@ -81,10 +81,10 @@ async def check_env(bundle: EnvBundle, sandbox: Any, *, probe: bool = False,
     report.build_ms = runtime.build_seconds * 1000
     report.problems += [p for p in runtime.problems if p not in report.problems]
     if probe:
+        report.module_state = await module_state_leaks(runtime)  # before any other call
         probed = await probe_tools(runtime)
         report.problems += probed.errors
         report.defects = probed.defects
-        report.module_state = await module_state_leaks(runtime)
     for idx in sorted(bundle.solutions):
         report.task_checks.append(await check_task(runtime, idx, sandbox))
     report.solvable = sum(t.solvable for t in report.task_checks)

@@ -238,6 +238,12 @@ async def set_pragma(name: str, value: str):
 '''
 
 
+_FAULTY = '@app.get("/api/bad_response"'
+
+
 def with_code(extra: str) -> str:
+    """The toy env without its deliberately faulty tools (they hang, spin, sleep: the load-time
+    module-state probe would wait out each), plus ``extra``."""
     head, tail = CODE.split(_TAIL)
+    head = head.split(_FAULTY)[0]
     return head + "\nfrom sqlalchemy import text\n" + extra + "\n\n" + _TAIL + tail
