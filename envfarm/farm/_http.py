@@ -6,6 +6,7 @@ SDK read); this module only renders ``{"error": {kind, message, ...}}`` bodies.
 
 from __future__ import annotations
 
+import logging
 import json
 from typing import Any
 
@@ -23,6 +24,8 @@ from envfarm.errors import (
     http_status,
     status_kind,
 )
+
+log = logging.getLogger("envfarm.farm")
 
 
 def error_response(exc: EnvfarmError) -> JSONResponse:
@@ -52,7 +55,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_body(exc.status_code, status_kind(exc.status_code), str(exc.detail))
 
     @app.exception_handler(Exception)
-    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error on %s %s", request.method, request.url.path,
+                  exc_info=(type(exc), exc, exc.__traceback__))
         return error_body(500, ErrorKind.internal, f"internal error: {type(exc).__name__}")
 
 

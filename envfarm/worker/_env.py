@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from envfarm.wire import PoolStats
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+log = logging.getLogger("envfarm.worker")
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,6 @@ class WorkerEnv:
                 + "): each lease gets a worker of its own")
             first.kill("probed a module that keeps state: not reused")
             self.workers = []
-        self._attached: set[int] = set()
         self._ids = itertools.count(1)
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
@@ -129,45 +130,57 @@ class WorkerEnv:
     async def acquire(self) -> RemoteInstance:
         while True:
             worker = next((w for w in self._live() if self._has_room(w)), None)
-            if worker is not None:
+            if worker is None:
+                if self.leased() >= self.max_instances:
+                    raise PoolExhausted(
+                        f"env {self.name!r}: all {self.max_instances} instances are leased; "
+                        "release some or raise max_instances", env=self.name,
+                        max_instances=self.max_instances)
+                try:
+                    await self._grow()
+                except WorkerStartError as exc:
+                    raise PoolExhausted(f"env {self.name!r}: no worker has room and a new one "
+                                        f"did not start ({exc}); retry", env=self.name) from None
+                continue
+            worker.leases += 1  # the slot is taken before any await: no overbooking
+            worker.placed += 1
+            try:
+                await worker.attach()
+                inst = RemoteInstance(self, worker, next(self._ids))
+                worker.post({"op": "new", "inst": inst.inst})
                 break
-            if self.leased() >= self.max_instances:
-                raise PoolExhausted(
-                    f"env {self.name!r}: all {self.max_instances} instances are leased; release "
-                    "some or raise max_instances", env=self.name,
-                    max_instances=self.max_instances)
-            await self._grow()
-        if worker.index not in self._attached:
-            self._attached.add(worker.index)
-            await worker.attach()
-        inst = RemoteInstance(self, worker, next(self._ids))
-        worker.post({"op": "new", "inst": inst.inst})
-        worker.leases += 1
-        worker.placed += 1
+            except WorkerLost:  # it died meanwhile: place the lease on another worker
+                worker.leases -= 1
         spare = min(self.warm, 2) if self.per_lease else self.warm  # a worker each: costly
-        if self.free_slots() < spare and self._growing is None:
-            self._growing = asyncio.get_running_loop().create_task(self._grow())
+        if self.free_slots() < spare:
+            self._start_growing()  # ready before the free slots run out
         return inst
 
     async def _grow(self) -> None:
-        """One more worker (joins a start already under way)."""
-        if self._growing is not None and self._growing is not asyncio.current_task():
-            await asyncio.shield(self._growing)
-            return
+        """One more worker; concurrent callers share the start under way."""
+        await asyncio.shield(self._start_growing())
+
+    def _start_growing(self) -> asyncio.Future:
+        if self._growing is None:
+            self._growing = asyncio.ensure_future(self._start_worker())
+            self._growing.add_done_callback(self._grown)
+        return self._growing
+
+    def _grown(self, future: asyncio.Future) -> None:
+        self._growing = None
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("env %s: a worker did not start: %s", self.name, future.exception())
+
+    async def _start_worker(self) -> None:
         spawning = asyncio.get_running_loop().run_in_executor(None, self._spawn)
         try:
-            try:
-                worker, _, _ = await asyncio.shield(spawning)
-            except asyncio.CancelledError:  # the farm stops: the worker must not outlive it
-                spawning.add_done_callback(_kill_spawned)
-                raise
-            await worker.attach()
-            self._attached.add(worker.index)
-            self.workers.append(worker)
-            self.started += 1
-        finally:
-            if self._growing is asyncio.current_task():
-                self._growing = None
+            worker, _, _ = await asyncio.shield(spawning)
+        except asyncio.CancelledError:  # the farm stops: the worker must not outlive it
+            spawning.add_done_callback(_kill_spawned)
+            raise
+        await worker.attach()
+        self.workers.append(worker)
+        self.started += 1
 
     def release(self, inst: RemoteInstance) -> None:
         worker = inst.worker
@@ -182,10 +195,14 @@ class WorkerEnv:
             worker.post({"op": "drop", "inst": inst.inst})
         except WorkerLost:
             return
-        others = sum(self.capacity - w.leases for w in self._live() if w is not worker)
-        if worker.leases == 0 and others >= max(self.warm, 1):
-            worker.kill("retired (idle)")  # holds no lease: nothing is lost
-            self._live()
+        self._retire_idle()
+
+    def _retire_idle(self) -> None:
+        """Stop workers that hold no lease while the others keep ``warm`` free slots."""
+        for worker in list(self._live()):
+            others = sum(self.capacity - w.leases for w in self._live() if w is not worker)
+            if worker.leases == 0 and len(self.workers) > 1 and others >= max(self.warm, 1):
+                worker.kill("retired (idle)")  # holds no lease: nothing is lost
 
     # -- status and shutdown -----------------------------------------------------------------
     def pool_stats(self) -> PoolStats:

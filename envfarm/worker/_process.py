@@ -80,6 +80,7 @@ class WorkerProcess:
         self.draining = False
         self._out = None  # asyncio transports, once attached
         self._in = None
+        self._attaching: asyncio.Future | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._rids = itertools.count(1)
         self._closed_by_front: str | None = None
@@ -115,7 +116,13 @@ class WorkerProcess:
             return "stopped answering"
 
     async def attach(self) -> None:
-        """Hand the channel to the running loop (after ``start``)."""
+        """Hand the channel to the running loop (after ``start``); concurrent callers all wait
+        for the one attachment."""
+        if self._attaching is None:
+            self._attaching = asyncio.ensure_future(self._attach())
+        await asyncio.shield(self._attaching)
+
+    async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
         reader = _frames.FrameReader()
         worker = self

@@ -1,0 +1,62 @@
+"""Placing leases on workers: concurrency, capacity, growth, release (issue 20 §3)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from envfarm.worker import WorkerEnv, WorkerOptions
+from tests.envfarm.worker.conftest import catalog
+from tests.envfarm.worker.hostile_env import with_code
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return catalog(plain=with_code(""))["plain"]
+
+
+async def test_concurrent_leases_never_overbook_a_worker(bundle):
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=4, probe_module_state=False), warm=2)
+    try:
+        insts = await asyncio.gather(*(env.acquire() for _ in range(10)))
+        assert len({(i.worker.pid, i.inst) for i in insts}) == 10
+        per_worker: dict[int, int] = {}
+        for inst in insts:
+            per_worker[inst.worker.pid] = per_worker.get(inst.worker.pid, 0) + 1
+        assert max(per_worker.values()) <= 4 and len(per_worker) >= 3
+        results = await asyncio.gather(*(i.call("create_note", {"title": f"n{k}"})
+                                         for k, i in enumerate(insts)))
+        assert all(r.ok for r in results)
+        titles = await asyncio.gather(*(i.call("list_notes", {}) for i in insts))
+        for k, res in enumerate(titles):  # each instance saw only its own write
+            assert [n["title"] for n in res.result][-1] == f"n{k}"
+            assert len(res.result) == 3
+        for inst in insts:
+            env.release(inst)
+        assert env.leased() == 0
+        assert len(env.workers) <= 2  # idle workers stopped, but warm capacity kept
+        assert env.free_slots() >= 2
+    finally:
+        await env.aclose()
+
+
+async def test_a_killed_worker_fails_its_pending_calls_and_is_replaced(bundle):
+    from envfarm.worker import WorkerLost
+
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=2, probe_module_state=False), warm=1)
+    try:
+        a = await env.acquire()
+        b = await env.acquire()
+        assert a.worker is b.worker
+        a.worker.kill("test: killed from outside")
+        for inst in (a, b):
+            with pytest.raises(WorkerLost, match="killed from outside"):
+                await inst.call("list_notes", {})
+            assert inst.lost is not None
+        c = await env.acquire()
+        assert c.worker is not a.worker and (await c.call("list_notes", {})).ok
+    finally:
+        await env.aclose()
