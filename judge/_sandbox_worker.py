@@ -318,12 +318,14 @@ def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: 
     return {"ok": True, "result_json": text}
 
 
-def _verify_once(prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
+def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
     prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd), cpu_s=cpu_s)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
     req = _recv(req_fd)
     os.close(req_fd)
+    # The staging folder holds other verifications' databases: from here, only this one's two.
+    jail.restrict_reads([*config["roots"], req["initial"], req["final"]])
     # The front compiled it (once per verifier); loading it comes before the hook, which
     # refuses marshal to the verifier.
     compiled = marshal.loads(base64.b64decode(req["bytecode"]))
@@ -362,7 +364,8 @@ def _zygote(config: dict) -> None:
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
         return
-    config["read_roots"] = tuple(os.path.join(p, "") for p in jail.readable_roots())
+    config["roots"] = jail.readable_roots()  # without the staging folder
+    config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
     # Made once here, for every child: the layer each one enters (no processes, threads or
     # signals), the call state, builtins and sqlite3 connection class a verifier gets. The
     # zygote never runs a verifier, so each child starts from a pristine copy.
@@ -405,7 +408,7 @@ def _zygote(config: dict) -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _verify_once(prepared, fds[0], fds[1], job["cpu_s"], config)
+                    _verify_once(jail, prepared, fds[0], fds[1], job["cpu_s"], config)
                 finally:
                     os._exit(0)
             for fd in fds:

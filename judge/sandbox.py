@@ -515,6 +515,7 @@ class VerifierSandbox:
                                   "verifier process sent an unreadable reply") from None
         finally:
             os.close(rep_r)
+            job.kill()  # it replied or failed: nothing it does after that may run on
             zygote.forget(job_id)
 
     # -- lifecycle --------------------------------------------------------------------------

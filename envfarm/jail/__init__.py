@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from envfarm.jail import _landlock, _process, _seccomp
 
 __all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "enter", "prepare",
-           "readable_roots", "support"]
+           "readable_roots", "restrict_reads", "support"]
 
 
 class JailError(RuntimeError):
@@ -212,3 +212,16 @@ def prepare(policy: JailPolicy) -> PreparedJail:
     bpf = _seccomp.to_bpf(_seccomp.build(None, policy.threads, policy.processes,
                                          first=_ENTERED_ROOTS is None)) if have.seccomp else None
     return PreparedJail(policy, have, roots, ruleset, bpf)
+
+
+def restrict_reads(paths: Sequence[str]) -> None:
+    """Stack one more Landlock layer: from now on, reads only under ``paths`` (files or
+    folders), within what earlier layers allowed. For what a process learns late, e.g. the two
+    database files of the one verification a zygote's child runs. No-op without Landlock."""
+    have = support()
+    if not have.landlock_abi:
+        return
+    try:
+        _landlock.restrict_read_only(list(paths), have.landlock_abi)
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc

@@ -129,6 +129,12 @@ ATTACKS: dict[str, tuple[str, dict, object]] = {
         c.execute('insert into t values (1)')
         result = json.dumps(c.execute('select * from t').fetchall())
         """), {}, lambda r: r["child"]["result"] == "'[[1]]'"),
+    "restrict_reads narrows a later layer": (_c(f"""
+        from envfarm.jail import restrict_reads
+        import os
+        restrict_reads([os.path.dirname(os.__file__)])
+        result = len(open({str(FRONT)!r}).read())
+        """), {"read_paths": [str(FRONT.parent)]}, "denied"),
     "read_paths are readable": (f"result = len(open({str(FRONT)!r}).read()) > 0",
                                 {"read_paths": [str(FRONT.parent)]},
                                 lambda r: r["child"]["result"] == "True"),
