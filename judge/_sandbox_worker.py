@@ -392,10 +392,14 @@ def _zygote(config: dict) -> None:
         if wake_r in ready:
             os.read(wake_r, 512)
             while jobs:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
                 if pid == 0:
                     break
-                ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
+                if pid in jobs:
+                    ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
         if ctl in ready:
             msg, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
             if not msg:
