@@ -205,6 +205,8 @@ def _harden(conn) -> None:
 
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_LENGTH, 64 << 20)
+    # Sorts and temporary tables in memory: the jail lets the process create no file.
+    sqlite3.Connection.execute(conn, "PRAGMA temp_store=MEMORY")
     sqlite3.Connection.set_authorizer(conn, _authorize)
 
 
