@@ -181,11 +181,12 @@ def _node_ports() -> dict[str, str]:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
 
 
-def start_cluster(workers: int = 3, *, worker_cpus: int = 1, port: int | None = None,
-                  manifest: dict[str, Any] | None = None,
+def start_cluster(workers: int = 3, *, worker_cpus: int = 1, head_cpus: int | None = None,
+                  port: int | None = None, manifest: dict[str, Any] | None = None,
                   system_config: dict[str, Any] | None = None) -> LocalCluster:
     """Head + ``workers`` worker nodes with the manifest's node environments; the driver (this
-    process) connects to the head. ``system_config``: Ray's (e.g. faster node-death checks)."""
+    process) connects to the head. ``head_cpus``: None is the manifest's (0: no pool replicas
+    on the head); ``system_config``: Ray's (e.g. faster node-death checks)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -194,7 +195,8 @@ def start_cluster(workers: int = 3, *, worker_cpus: int = 1, port: int | None = 
     head_env = {**pod_env(head_group(manifest)), **LOCAL_DRAIN, **_node_ports()}
     dashboard_port = free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": int(head_params.get("num-cpus", 0)), "env_vars": head_env,
+        "num_cpus": int(head_params.get("num-cpus", 0)) if head_cpus is None else head_cpus,
+        "env_vars": head_env,
         "include_dashboard": True, "dashboard_host": "127.0.0.1",
         "dashboard_port": dashboard_port, "_system_config": system_config or {}})
     local = LocalCluster(cluster=cluster, head=LocalNode(cluster.head_node, port or free_port(),
@@ -288,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--worker-cpus", type=int, default=1)
+    parser.add_argument("--head-cpus", type=int, default=None,
+                        help="default: the manifest's (0: the head runs no pool replica)")
     parser.add_argument("--port", type=int, default=8000, help="the head node's ingress")
     parser.add_argument("--envs", default=None, help="comma-separated; default: the manifest's")
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
@@ -298,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load_manifest(args.manifest)
     envs = args.envs.split(",") if args.envs else None
     t0 = time.monotonic()
-    cluster = start_cluster(args.workers, worker_cpus=args.worker_cpus, port=args.port,
-                            manifest=manifest)
+    cluster = start_cluster(args.workers, worker_cpus=args.worker_cpus,
+                            head_cpus=args.head_cpus, port=args.port, manifest=manifest)
     try:
         config = fit_to_machine(manifest_serve_config(manifest), envs=envs, port=args.port)
         served = [e for a in config["applications"] for e in a["args"]["farm"].get("envs", [])]
