@@ -6,7 +6,9 @@ the layout, not the capacity:
 - 1 node: one raylet with 2 CPUs holds HAProxy, the Door, the front and both replicas;
 - 2 nodes: a head with no CPUs (controller, HAProxy, the Door and front where Serve puts them)
   and one 2-CPU worker with both replicas: every call crosses from the head to the worker;
-- 3 nodes: the head and two 1-CPU workers, a replica on each.
+- 3 nodes: the head and two 1-CPU workers, a replica on each;
+- ``--baseline`` (reported as nodes 0): 1 node with one replica, its own ingress (no Door), so
+  the Door's hop in front of a multi-replica pool is measured in the same run.
 
 Each layout is a fresh cluster (cluster/local_cluster.py), deployed from k8s/rayservice.yaml
 (one env, 2 replicas). Through the head's ingress: sequential lease acquire + release (p50/p99
@@ -55,6 +57,21 @@ LAYOUTS: dict[int, dict[str, int]] = {
 }
 #: Exactly two replicas in every layout (the manifest autoscales this env from 2 to 8).
 TWO_REPLICAS = {"min_replicas": 2, "max_replicas": 2}
+#: ``--baseline``: the 1-node layout with one replica, which is its own ingress (no Door):
+#: what the Door's hop costs, next to what crossing nodes costs.
+BASELINE = 0
+
+
+def one_replica(config: dict[str, Any]) -> dict[str, Any]:
+    """The pool app with a fixed single replica (HAProxy then sends calls straight to it)."""
+    for app in config["applications"]:
+        deployment = app["args"].get("deployment")
+        if deployment is not None:
+            deployment.pop("autoscaling_config", None)
+            deployment["num_replicas"] = 1
+        elif "replicas" in app["args"]:
+            app["args"]["replicas"] = {a: 1 for a in app["args"]["replicas"]}
+    return config
 
 
 def pool_pids() -> dict[str, dict[str, Any]]:
@@ -62,7 +79,7 @@ def pool_pids() -> dict[str, dict[str, Any]]:
 
     handle = serve.get_deployment_handle("pool", app_name=f"env-{ENV}")
     out = {}
-    for i in range(2):
+    for i in range(2):  # a single replica answers both
         who = handle.whoami.remote(owner=f"#{i}").result(timeout_s=30)
         out[who["owner"]] = who
     return out
@@ -74,8 +91,7 @@ def pss_mib(pids: list[int]) -> float:
     return sum(psutil.Process(p).memory_full_info().pss for p in pids) / 2**20
 
 
-async def lease_memory(url: str, leases: int) -> dict[str, float]:
-    pids = [w["pid"] for w in pool_pids().values()]
+async def lease_memory(url: str, leases: int, pids: list[int]) -> dict[str, float]:
     before = pss_mib(pids)
     async with session() as s:
         held = [await acquire(s, url) for _ in range(leases)]
@@ -91,11 +107,11 @@ async def lease_memory(url: str, leases: int) -> dict[str, float]:
 def one_layout(nodes: int, duration_s: float, leases: int) -> dict[str, Any]:
     manifest = load_manifest()
     t0 = time.monotonic()
-    cluster = start_cluster(manifest=manifest, **LAYOUTS[nodes])
+    cluster = start_cluster(manifest=manifest, **LAYOUTS[max(nodes, 1)])
     try:
-        deploy(cluster, fit_to_machine(manifest_serve_config(manifest), envs=[ENV],
-                                       port=cluster.head.port, autoscaling=TWO_REPLICAS),
-               envs=[ENV])
+        config = fit_to_machine(manifest_serve_config(manifest), envs=[ENV],
+                                port=cluster.head.port, autoscaling=TWO_REPLICAS)
+        deploy(cluster, one_replica(config) if nodes == BASELINE else config, envs=[ENV])
         startup_s = time.monotonic() - t0
         url = cluster.head.url
         placement = sorted({w["node"][:8] for w in pool_pids().values()})
@@ -107,11 +123,19 @@ def one_layout(nodes: int, duration_s: float, leases: int) -> dict[str, Any]:
 
         ours = {p.pid for p in psutil.Process(me).children(recursive=True)}
         farm_cores = sum(c for pid, (_, c) in cores.items() if pid in ours)
+        by_kind: dict[str, float] = {}
+        for pid, (cmd, c) in cores.items():
+            if pid in ours:
+                kind = cmd.split()[0].rsplit("/", 1)[-1]
+                by_kind[kind] = round(by_kind.get(kind, 0.0) + c, 2)
+        top = dict(sorted(by_kind.items(), key=lambda kv: -kv[1])[:6])
         out = {"nodes": nodes, "startup_s": round(startup_s, 1), "replica_nodes": placement,
                "lease": lease, "calls": calls, "farm_cores": round(farm_cores, 2),
+               "cores_by_process": top,
                "calls_per_s_per_core": round(calls["calls_per_s"] / farm_cores, 1)}
         if nodes == 3 and leases:
-            out["memory"] = asyncio.run(lease_memory(url, leases))
+            pids = [w["pid"] for w in pool_pids().values()]
+            out["memory"] = asyncio.run(lease_memory(url, leases, pids))
         return out
     finally:
         cluster.shutdown()
@@ -123,8 +147,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--leases", type=int, default=512)
     parser.add_argument("--nodes", default="1,2,3")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also 1 node with 1 replica and no Door (reported as nodes 0)")
     args = parser.parse_args()
-    layouts = [int(n) for n in args.nodes.split(",")]
+    layouts = [int(n) for n in args.nodes.split(",")] + ([BASELINE] if args.baseline else [])
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         for nodes in layouts:
@@ -144,7 +170,7 @@ def main() -> None:
             "lease_p50_ms": med(nodes, lambda x: x["lease"]["p50_ms"]),
             "calls_per_s_per_core": med(nodes, lambda x: x["calls_per_s_per_core"]),
         }
-    base = summary[layouts[0]]
+    base = summary[1]
     for nodes in layouts:
         s = summary[nodes]
         s["calls_ratio_vs_1_node"] = round(s["calls_per_s"] / base["calls_per_s"], 3)
