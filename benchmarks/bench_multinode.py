@@ -41,8 +41,10 @@ sys.path.insert(0, str(REPO))
 from benchmarks._procs import cores_while
 from benchmarks.bench_farm_load import ENV, acquire, http_calls, lease_latency, session
 from cluster.local_cluster import (
+    actor_nodes,
     deploy,
     fit_to_machine,
+    ingress_nodes,
     load_manifest,
     manifest_serve_config,
     start_cluster,
@@ -85,6 +87,10 @@ def pool_pids() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _short(node_id: str) -> str:
+    return node_id[:8]
+
+
 def pss_mib(pids: list[int]) -> float:
     import psutil
 
@@ -113,8 +119,14 @@ def one_layout(nodes: int, duration_s: float, leases: int) -> dict[str, Any]:
                                 port=cluster.head.port, autoscaling=TWO_REPLICAS)
         deploy(cluster, one_replica(config) if nodes == BASELINE else config, envs=[ENV])
         startup_s = time.monotonic() - t0
-        url = cluster.head.url
-        placement = sorted({w["node"][:8] for w in pool_pids().values()})
+        # The head's HAProxy runs only when Serve placed a replica there (Door, front).
+        ingress = ingress_nodes(cluster)[0]
+        url = ingress.url
+        placement = {"ingress": _short(ingress.node_id),
+                     "pool": sorted(_short(w["node"]) for w in pool_pids().values()),
+                     **{kind: sorted(_short(n) for n in actor_nodes(prefix))
+                        for kind, prefix in (("door", f"SERVE_REPLICA::env-{ENV}#door"),
+                                             ("front", "SERVE_REPLICA::envfarm#front"))}}
         lease = asyncio.run(lease_latency(url, n=200))
         me = os.getpid()
         calls, cores = cores_while(lambda: asyncio.run(http_calls(url, 32, duration_s)),
@@ -129,7 +141,7 @@ def one_layout(nodes: int, duration_s: float, leases: int) -> dict[str, Any]:
                 kind = cmd.split()[0].rsplit("/", 1)[-1]
                 by_kind[kind] = round(by_kind.get(kind, 0.0) + c, 2)
         top = dict(sorted(by_kind.items(), key=lambda kv: -kv[1])[:6])
-        out = {"nodes": nodes, "startup_s": round(startup_s, 1), "replica_nodes": placement,
+        out = {"nodes": nodes, "startup_s": round(startup_s, 1), "placement": placement,
                "lease": lease, "calls": calls, "farm_cores": round(farm_cores, 2),
                "cores_by_process": top,
                "calls_per_s_per_core": round(calls["calls_per_s"] / farm_cores, 1)}

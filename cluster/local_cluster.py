@@ -253,8 +253,9 @@ def wait_running(apps: list[str], deadline: float) -> None:
 
 
 def ingress_nodes(cluster: LocalCluster) -> list[LocalNode]:
-    """Nodes whose HAProxy runs: Serve starts one on each node that holds replicas (KubeRay's
-    serve service likewise selects only the pods whose proxy is healthy)."""
+    """Nodes whose HAProxy runs: Serve starts one on each node that holds a replica, the head
+    included only when it holds one (KubeRay's serve service likewise selects only the pods
+    whose proxy is healthy)."""
     from ray import serve
 
     proxies = serve.status().proxies
@@ -276,14 +277,13 @@ def wait_ingress(cluster: LocalCluster, paths: list[str], deadline: float) -> No
         time.sleep(0.5)
 
 
-def replicas_by_node() -> dict[str, list[str]]:
-    """node id -> Serve actor names running there (replicas, proxies, controller)."""
+def actor_nodes(prefix: str) -> set[str]:
+    """Node ids of the live actors whose name starts with ``prefix`` (Serve names a replica
+    ``SERVE_REPLICA::<app>#<deployment>#<id>``)."""
     from ray.util.state import list_actors
 
-    out: dict[str, list[str]] = {}
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
-        out.setdefault(actor.node_id, []).append(actor.name or actor.class_name)
-    return out
+    return {a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+            if (a.name or "").startswith(prefix)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,13 +100,6 @@ def calls_by_owner() -> dict[str, int]:
     return out
 
 
-def actor_nodes(prefix: str) -> set[str]:
-    from ray.util.state import list_actors
-
-    return {a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-            if (a.name or "").startswith(prefix)}
-
-
 def ingress_urls(cluster) -> dict[str, str]:
     """node id -> ingress URL of every node whose HAProxy runs."""
     from cluster.local_cluster import ingress_nodes
@@ -172,7 +165,8 @@ async def test_leases_cross_nodes_and_calls_reach_their_owner(cluster):
 
 
 async def test_status_page_lists_replicas_per_node(cluster):
-    async with httpx.AsyncClient(base_url=cluster.head.url, timeout=30) as c:
+    url = next(iter((await asyncio.to_thread(ingress_urls, cluster)).values()))
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         status = (await c.get("/status.json")).json()
         page = (await c.get("/status")).text
     replicas = await asyncio.to_thread(pool_replicas)
@@ -199,11 +193,12 @@ async def test_trainer_actor_on_one_node_drives_episodes_on_others(cluster, tmp_
                          tool_listing="compact", lr=1e-3, micro_batch=4, concurrency=4,
                          threads=1, steps=1, out_dir=str(tmp_path_factory.mktemp("run")))
     before = await asyncio.to_thread(calls_by_owner)
+    url = next(iter((await asyncio.to_thread(ingress_urls, cluster)).values()))
     actor = TrainerActor.options(
         num_cpus=0, runtime_env={"env_vars": {"PYTHONPATH": SOURCE_ROOT,
                                               "ENVFARM_CACHE": str(cache)}},
         scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.head.node_id, soft=False),
-    ).remote(config.model_dump(), cluster.workers[0].url)
+    ).remote(config.model_dump(), url)
     record = await actor.train_step.remote()
     from ray.util.state import get_actor
 
@@ -272,6 +267,8 @@ async def test_killed_worker_node_gives_410_and_the_others_go_on(cluster):
     front): its leases answer 410, the other leases never notice, new leases go to replicas on
     the surviving nodes."""
     replicas = await asyncio.to_thread(pool_replicas)
+    from cluster.local_cluster import actor_nodes
+
     shared = actor_nodes(f"SERVE_REPLICA::{APP}#door") | actor_nodes("SERVE_REPLICA::envfarm#")
     victims = [w for w in cluster.workers
                if w.node_id in {r["node"] for r in replicas.values()} - shared]
