@@ -28,7 +28,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(NETNS) $(PY) -m pytest -q -m "not multinode"
 
-# The farm on a 4-node Ray cluster on this machine (~3 min on 2 cores): CI runs it after `test`.
+# The farm on a 4-node Ray cluster on this machine (2-5 min on 2 cores): CI runs it after `test`.
 test-multinode: $(STAMP)
 	$(NETNS) $(PY) -m pytest -q -m multinode
 

@@ -140,6 +140,7 @@ class LocalCluster:
     dashboard_url: str = ""
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_cpus: int = 1
+    config: dict[str, Any] | None = None  # the Serve config deployed last
 
     @property
     def nodes(self) -> list[LocalNode]:
@@ -234,6 +235,7 @@ def deploy(cluster: LocalCluster, config: dict[str, Any], envs: list[str] | None
                 raise TimeoutError(f"the dashboard did not take the config: {exc}") from exc
         time.sleep(1.0)
     wait_running([a["name"] for a in config["applications"]], deadline)
+    cluster.config = config
     wait_ingress(cluster, ["/healthz", *(f"/envs/{e}" for e in envs or [])], deadline)
 
 
@@ -263,6 +265,15 @@ def ingress_nodes(cluster: LocalCluster) -> list[LocalNode]:
 
 
 def wait_ingress(cluster: LocalCluster, paths: list[str], deadline: float) -> None:
+    """Until every node holding a replica runs a healthy HAProxy that serves ``paths``."""
+    while True:
+        holding = actor_nodes("SERVE_REPLICA::")
+        ready = {n.node_id for n in ingress_nodes(cluster)}
+        if holding <= ready:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no healthy ingress on nodes {sorted(holding - ready)}")
+        time.sleep(0.5)
     pending = {(n.url, p) for n in ingress_nodes(cluster) for p in paths}
     while pending:
         for url, path in sorted(pending):

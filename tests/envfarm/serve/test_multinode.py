@@ -266,9 +266,15 @@ async def test_killed_worker_node_gives_410_and_the_others_go_on(cluster):
     """SIGKILL every process of a worker node that holds a pool replica (not the Door or the
     front): its leases answer 410, the other leases never notice, new leases go to replicas on
     the surviving nodes."""
-    replicas = await asyncio.to_thread(pool_replicas)
-    from cluster.local_cluster import actor_nodes
+    from cluster.local_cluster import actor_nodes, deploy, fit_to_machine
 
+    # Three replicas on the three workers (a config update, PUT as KubeRay applies one): the
+    # Door and the front, one replica each, cannot share a node with all three.
+    await asyncio.to_thread(deploy, cluster, fit_to_machine(
+        cluster.config, envs=[ENV], port=cluster.head.port,
+        autoscaling={"min_replicas": 3, "max_replicas": 3}), envs=[ENV])
+    await wait_replicas(3, timeout_s=60)
+    replicas = await asyncio.to_thread(pool_replicas)
     shared = actor_nodes(f"SERVE_REPLICA::{APP}#door") | actor_nodes("SERVE_REPLICA::envfarm#")
     victims = [w for w in cluster.workers
                if w.node_id in {r["node"] for r in replicas.values()} - shared]
