@@ -31,6 +31,7 @@ class ReplicaStatus(_Model):
 
     owner: str = Field(description="Owner tag: the prefix of the lease ids it hands out.")
     app: str | None = Field(default=None, description="Serve application (None: --no-ray).")
+    node: str | None = Field(default=None, description="Ray node id (None: --no-ray).")
     pid: int
     leases: int = Field(description="Leases it holds.")
     pools: list[PoolStats]
@@ -41,6 +42,7 @@ class ReplicaStatus(_Model):
 class ReplicaInfo(_Model):
     owner: str
     app: str | None
+    node: str | None = None
     pid: int
     envs: list[str]
     leases: int
@@ -116,8 +118,9 @@ def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, 
                               invalid_verify=_share(invalid, n_verify)),
             p50_ms=_ms(quantile(latency, 0.5)), p99_ms=_ms(quantile(latency, 0.99))))
     window_s = max((w.span_s for r in replicas for w in r.window.values()), default=0.0)
-    infos = [ReplicaInfo(owner=r.owner, app=r.app, pid=r.pid, envs=[p.env for p in r.pools],
-                         leases=r.leases) for r in sorted(replicas, key=lambda r: r.owner)]
+    infos = [ReplicaInfo(owner=r.owner, app=r.app, node=r.node, pid=r.pid,
+                         envs=[p.env for p in r.pools], leases=r.leases)
+             for r in sorted(replicas, key=lambda r: (r.node or "", r.owner))]  # by node
     return FarmStatus(mode=mode, generated_at=time.time(), window_s=window_s,
                       leases=sum(r.leases for r in replicas),
                       calls_per_s=round(sum(e.calls_per_s for e in rows), 3),

@@ -12,6 +12,7 @@ import os
 import re
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,9 +43,9 @@ from envfarm.farm import (
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
+from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 from envfarm.serve._to_owner import ToOwner
 from envfarm.wire import by_owner
-from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 
 
 class _FullPath:
@@ -62,6 +63,11 @@ class _FullPath:
 def _owner_tag() -> str:
     # Replica ids are alphanumeric today; keep only safe characters in case that changes.
     return re.sub(r"[^A-Za-z0-9_]", "", serve.get_replica_context().replica_id.unique_id)
+
+
+def _node_id() -> str:
+    """The Ray node this replica runs on (the status page groups replicas by node)."""
+    return ray.get_runtime_context().get_node_id()
 
 
 class ForwardedRequest(BaseModel):
@@ -130,12 +136,12 @@ class PoolReplica:
     async def replica_status(self, owner: str) -> dict[str, Any]:
         """This replica's part of the status page (the front merges them)."""
         app = serve.get_replica_context().app_name
-        return self.core.replica_status(app).model_dump()
+        return self.core.replica_status(app).model_copy(update={"node": _node_id()}).model_dump()
 
     async def whoami(self, owner: str) -> dict[str, Any]:
         """Owner tag and process id of this replica (tests, operators)."""
         return {"owner": self.core.owner, "pid": os.getpid(), "leases": len(self.core.leases),
-                "handed_on": self._asgi.handed_on}
+                "handed_on": self._asgi.handed_on, "node": _node_id()}
 
     def record_routing_stats(self) -> dict[str, Any]:
         return {"leases": len(self.core.leases)}
