@@ -25,10 +25,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(NETNS) $(VENV)/bin/envfarm demo
 
+# The suite, then the farm on a 4-node Ray cluster on this machine (its own pytest run: it needs
+# the machine's 2 cores to itself for 2-5 min). `test-multinode` runs only the latter.
 test: $(STAMP)
 	$(NETNS) $(PY) -m pytest -q -m "not multinode"
+	$(NETNS) $(PY) -m pytest -q -m multinode
 
-# The farm on a 4-node Ray cluster on this machine (2-5 min on 2 cores): CI runs it after `test`.
 test-multinode: $(STAMP)
 	$(NETNS) $(PY) -m pytest -q -m multinode
 
