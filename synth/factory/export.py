@@ -23,7 +23,7 @@ from envfarm.models import ToolSpec
 from synth._jsonl import read_jsonl
 from synth._probe import load_runtime
 from synth.factory.graph import factory_dir
-from synth.factory.model import Episode
+from synth.factory.model import Episode, task_text
 from synth.factory.queries import EPISODES_FILE, valid_records
 from synth.factory.run import catalog_envs
 
@@ -34,11 +34,6 @@ MAP_FILE = "factory_tasks.jsonl"
 #: format name -> (episode, task text, the env's tools) -> one JSONL record
 SftFormat = Callable[[Episode, str, list[ToolSpec]], dict[str, Any]]
 SFT_FORMATS: dict[str, SftFormat] = {}
-
-
-def task_text(episode: Episode) -> str:
-    """The farm task of a (maybe multi-turn) request: the first message, then the follow-ups."""
-    return "\n\n".join(episode.messages)
 
 
 def turns(episode: Episode) -> list[tuple[str, list[int]]]:

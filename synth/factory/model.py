@@ -95,6 +95,8 @@ class Call(BaseModel):
     arguments: dict[str, Any]
     result: Any = None
     ok: bool = True
+    #: the call changed the database (None: not recorded, older files)
+    changed: bool | None = None
 
 
 class Episode(BaseModel):
@@ -109,3 +111,8 @@ class Episode(BaseModel):
     detail: str = ""               # the failing call, gate problem or leak behind ``reason``
     #: LLM usage of writing this episode's request (prompt_tokens, completion_tokens, cost_usd)
     usage: dict[str, float] = Field(default_factory=dict)
+
+
+def task_text(episode: Episode) -> str:
+    """The farm task of a (maybe multi-turn) request: the first message, then the follow-ups."""
+    return "\n\n".join(episode.messages)

@@ -15,7 +15,7 @@ from synth.factory.run import CHAINS_FILE
 from tests.fakes.mock_openai import MockOpenAI
 
 ENV = "hotel_booking_1"
-#: a request that names no tool and no id (QueryGen's answer in the offline tests)
+#: a request that names no tool and no id (a well-formed QueryGen answer no agent can act on)
 GOOD = json.dumps({"messages": ["I'd like to sort out my trip plans in my account, please.",
                                 "And tell me when that's done."]})
 
@@ -32,10 +32,14 @@ def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
     return chains
 
 
-def script_queries(mock: MockOpenAI, answer: str = GOOD) -> None:
-    mock.script(answer, stage="queries", repeat=True)
+def script_queries(mock: MockOpenAI) -> None:
+    """A scripted QueryGen and agent on ``mock`` (``tests.synth.factory_agent``), registered for the CLI."""
+    from tests.synth.factory_agent import script_world
+
+    script_world(mock)
 
 
 def queries_args(mock: MockOpenAI, out: Path) -> list[str]:
     return ["queries", "--out", str(out), "--env", ENV, "--llm-base-url", mock.url, "--llm-model", "mock",
             "--no-cache"]
+

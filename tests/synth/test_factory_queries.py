@@ -14,46 +14,31 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from envfarm import EnvRuntime
 from envfarm.llm import LLMClient, LLMConfig
-from judge import VerifierSandbox
 from synth._jsonl import read_jsonl
-from synth.factory.dbvalues import db_columns
 from synth.factory.execute import DROP_CALL_FAILED
-from synth.factory.graph import build_graph, factory_dir
+from synth.factory.graph import factory_dir
 from synth.factory.model import Binding, Chain, Step
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.factory_env import lending_bundle
+from tests.synth.factory_agent import script_world, scripted_solver
 from tests.synth.factory_run import ENV, GOOD, prepare_run, queries_args, script_queries
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with VerifierSandbox(workers=2, timeout_s=10.0) as sb:
-        yield sb
-
-
-@pytest.fixture(scope="module")
-def lending():
-    from synth.factory.chains import sample_chains
-
-    runtime = EnvRuntime(lending_bundle())
-    graph = asyncio.run(build_graph(runtime, embedder=None))
-    columns = db_columns(runtime.template.data)
-    return runtime, columns, sample_chains(graph, columns, n=10, max_len=3, seed=0)
-
-
 async def _episodes(runtime, columns, chains, mock, sandbox):
-    async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
-        return [await make_episode(runtime, c, columns, llm, sandbox) for c in chains]
+    solver = scripted_solver(mock)
+    try:
+        async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
+            return [await make_episode(runtime, c, columns, llm, sandbox, solver) for c in chains]
+    finally:
+        await solver.aclose()
 
 
-def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
-    script_queries(mock_openai)
+def test_lending_chains_become_gated_episodes(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
+    world = script_world(mock_openai)
     eps = asyncio.run(_episodes(runtime, columns, chains, mock_openai, sandbox))
     accepted = [e for e in eps if e.accepted]
     assert len(accepted) >= 5, [(e.reason, e.detail) for e in eps]
@@ -61,7 +46,7 @@ def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> 
     reads = [e for e in accepted if e.final_answer is not None]
     assert writes and reads
     for e in accepted:
-        assert e.messages == json.loads(GOOD)["messages"] and all(c.ok for c in e.calls)
+        assert e.messages[0] in world.plans and all(c.ok for c in e.calls)
         assert e.usage["prompt_tokens"] > 0
     initial = runtime.template.data
 
@@ -74,8 +59,8 @@ def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> 
     assert all(asyncio.run(verdicts(e, e.final_answer)) == "complete" for e in reads)
 
 
-def test_failing_chain_is_dropped_before_any_llm_call(lending, mock_openai, sandbox) -> None:
-    runtime, columns, _ = lending
+def test_failing_chain_is_dropped_before_any_llm_call(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, _ = lending_chains
     chain = Chain(env="lending_1", chain_id="failing", steps=[
         Step(tool="list_books"), Step(tool="yearly_report", bindings={"year": Binding(kind="task")})])
     (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
@@ -83,17 +68,17 @@ def test_failing_chain_is_dropped_before_any_llm_call(lending, mock_openai, sand
     assert mock_openai.requests == []
 
 
-def test_malformed_answer_is_retried_then_counted(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
+def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
     mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', GOOD, stage="queries")
     first, second = asyncio.run(_episodes(runtime, columns, chains[:2], mock_openai, sandbox))
     assert not first.accepted and first.reason == "malformed" and first.verifier_code
     assert second.reason != "malformed"  # the third answer was bad, the retry good
-    assert len(mock_openai.requests) == 4
+    assert len([r for r in mock_openai.requests if r.stage == "queries"]) == 4
 
 
-def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
+def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
     lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
     mock_openai.script(json.dumps({"messages": ["Please run return_loan on my loan."]}),
                        json.dumps({"messages": ["Please return loan #2 for me."]}), stage="queries")
@@ -134,7 +119,12 @@ def test_llm_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None
 
     async def run() -> dict:
         async with LLMClient(LLMConfig(base_url=mock_openai.url, model="mock", max_retries=0)) as llm:
-            (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, envs=[ENV], concurrency=3)
+            solver = scripted_solver(mock_openai)
+            try:
+                (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, solver=solver, envs=[ENV],
+                                               concurrency=3)
+            finally:
+                await solver.aclose()
         return row
 
     mock_openai.script(Reply.error(500), stage="queries", repeat=True)
@@ -154,7 +144,7 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     path = factory_dir(tmp_path, ENV) / EPISODES_FILE
     with MockOpenAI(latency_s=0.1) as mock:
         script_queries(mock)
-        cmd = [sys.executable, "-m", "synth.cli", *queries_args(mock, tmp_path)]
+        cmd = [sys.executable, "-m", "tests.synth.factory_cli", *queries_args(mock, tmp_path)]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
@@ -179,12 +169,12 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     assert f"{10 - killed_at} new episodes" in final.stdout
 
 
-def test_templated_verifier_checks_added_changed_and_deleted_rows(lending, sandbox) -> None:
+def test_templated_verifier_checks_added_changed_and_deleted_rows(lending_chains, sandbox) -> None:
     from envfarm.template import open_memory_db
     from synth.factory.execute import diff_rows
     from synth.factory.verifier import expected_state, verifier_code
 
-    runtime = lending[0]
+    runtime = lending_chains[0]
     initial = runtime.template.data
     conn = open_memory_db(False)
     conn.deserialize(initial)
