@@ -104,6 +104,8 @@ class Episode(BaseModel):
     chain_id: str
     calls: list[Call]              # the executed ground-truth trajectory
     messages: list[str]            # the user's first message, then follow-ups (implicit intent)
+    #: calls each message asks for, in order, as QueryGen planned them ([] in older files)
+    turn_calls: list[int] = Field(default_factory=list)
     verifier_code: str             # AWM code mode: verify_task_completion(initial, final, final_answer=None)
     final_answer: str | None = None
     accepted: bool = False
