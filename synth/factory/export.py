@@ -27,8 +27,8 @@ from synth._probe import load_runtime
 from synth.factory.graph import factory_dir
 from synth.factory.model import Episode, task_text
 from synth.factory.queries import EPISODES_FILE, valid_records
-from synth.factory.verifier import key_value
 from synth.factory.run import catalog_envs
+from synth.factory.verifier import key_value
 
 CATALOG_DIR = "factory_catalog"
 SFT_DIR = "factory_sft"
