@@ -42,6 +42,18 @@ def prompt_calls(prompt: str) -> list[tuple[str, dict[str, Any], Any]]:
     return out
 
 
+def query_prompt_of(req: SeenRequest) -> str:
+    """QueryGen's prompt (the first user message: a repair request adds more after it)."""
+    return next(m["content"] for m in req.messages if m["role"] == "user")
+
+
+def turn_sizes(prompt: str) -> list[int]:
+    """Calls per turn of a QueryGen prompt's ``Turns (...): turn 1: calls 1-2; turn 2: call 3``."""
+    line = re.search(r"^Turns \(.*$", prompt, re.MULTILINE)
+    spans = re.findall(r"calls? (\d+)(?:-(\d+))?", line.group(0)) if line else []
+    return [int(b or a) - int(a) + 1 for a, b in spans]
+
+
 def _records(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, dict):
         return [value] + [r for v in value.values() for r in _records(v)]
@@ -83,18 +95,24 @@ class ScriptedWorld:
     requests: list[str] = field(default_factory=list)
 
     def querygen(self, req: SeenRequest) -> str:
-        prompt = req.last_user
+        prompt = query_prompt_of(req)
         calls = prompt_calls(prompt)
         learn = _LEARN.search(prompt)
         field_name = learn.group(1).rsplit(".", 1)[-1].strip("[]") if learn else ""
-        text = f"Could you {describe(calls)} for me" if calls else "Could you help me with my account"
-        text += f", and tell me the {field_name}?" if learn else "?"
+        messages, start = [], 0
+        for size in turn_sizes(prompt) or [len(calls)]:
+            part = calls[start:start + size]
+            start += size
+            messages.append(f"Could you {describe(part)} for me?" if part else "Could you help me with my account?")
+        if learn:
+            messages[-1] = messages[-1][:-1] + f", and tell me the {field_name}?"
+        text = "\n\n".join(messages)  # the farm task the agent reads (synth.factory.model.task_text)
         if calls:
             answer = f"The {field_name} is {learn.group(2).strip(chr(39))}." if learn else "Done, as you asked."
             plan = Plan([(tool, args) for tool, args, _ in calls], answer)
             self.plans[text] = self.misread(plan) if self.misread else plan
         self.requests.append(text)
-        return json.dumps({"messages": [text]})
+        return json.dumps({"messages": messages})
 
     def agent(self, req: SeenRequest) -> str:
         task = next(m["content"] for m in req.messages if m["role"] == "user")

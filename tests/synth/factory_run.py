@@ -12,12 +12,19 @@ from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.graph import build_graph, factory_dir, save_graph
 from synth.factory.run import CHAINS_FILE
-from tests.fakes.mock_openai import MockOpenAI
+from tests.fakes.mock_openai import MockOpenAI, SeenRequest
 
 ENV = "hotel_booking_1"
-#: a request that names no tool and no id (a well-formed QueryGen answer no agent can act on)
-GOOD = json.dumps({"messages": ["I'd like to sort out my trip plans in my account, please.",
-                                "And tell me when that's done."]})
+def request(first: str = "I'd like to sort out my trip plans in my account, please."):
+    """A QueryGen answer with one message per planned turn, ``first`` first (names no tool, no id
+    unless ``first`` does); well-formed, but no agent can act on it."""
+    from tests.synth.factory_agent import query_prompt_of, turn_sizes
+
+    def answer(req: SeenRequest) -> str:
+        n = len(turn_sizes(query_prompt_of(req))) or 1
+        return json.dumps({"messages": [first, *(["And tell me when that's done."] * (n - 1))]})
+
+    return answer
 
 
 def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:

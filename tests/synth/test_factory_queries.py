@@ -18,11 +18,17 @@ from envfarm.llm import LLMClient, LLMConfig
 from synth._jsonl import read_jsonl
 from synth.factory.execute import DROP_CALL_FAILED
 from synth.factory.graph import factory_dir
-from synth.factory.model import Binding, Chain, Step
+from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
 from tests.synth.factory_agent import script_world, scripted_solver
-from tests.synth.factory_run import ENV, GOOD, prepare_run, queries_args, script_queries
+from tests.synth.factory_run import (
+    ENV,
+    prepare_run,
+    queries_args,
+    request,
+    script_queries,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +52,8 @@ def test_lending_chains_become_gated_episodes(lending_chains, mock_openai, sandb
     reads = [e for e in accepted if e.final_answer is not None]
     assert writes and reads
     for e in accepted:
-        assert e.messages[0] in world.plans and all(c.ok for c in e.calls)
+        assert task_text(e) in world.plans and all(c.ok for c in e.calls)
+        assert len(e.messages) == len(e.turn_calls) and sum(e.turn_calls) == len(e.calls)
         assert e.usage["prompt_tokens"] > 0
     initial = runtime.template.data
 
@@ -70,7 +77,7 @@ def test_failing_chain_is_dropped_before_any_llm_call(lending_chains, mock_opena
 
 def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, sandbox) -> None:
     runtime, columns, chains = lending_chains
-    mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', GOOD, stage="queries")
+    mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', request(), stage="queries")
     first, second = asyncio.run(_episodes(runtime, columns, chains[:2], mock_openai, sandbox))
     assert not first.accepted and first.reason == "malformed" and first.verifier_code
     assert second.reason != "malformed"  # the third answer was bad, the retry good
@@ -80,8 +87,8 @@ def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, s
 def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_openai, sandbox) -> None:
     runtime, columns, chains = lending_chains
     lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
-    mock_openai.script(json.dumps({"messages": ["Please run return_loan on my loan."]}),
-                       json.dumps({"messages": ["Please return loan #2 for me."]}), stage="queries")
+    mock_openai.script(request("Please run return_loan on my loan."), request("Please return loan #2 for me."),
+                       stage="queries")
     named, numbered = asyncio.run(_episodes(runtime, columns, [lend, lend], mock_openai, sandbox))
     assert (named.reason, numbered.reason) == ("names_tool", "names_id")
     assert not named.accepted and not numbered.accepted
@@ -209,3 +216,35 @@ def test_times_the_env_stamps_are_not_checked() -> None:
     diff = {"t": {"added": [row], "changed": [], "deleted": []}}
     (want,) = expected_state(diff, set(), given={"2027-03-14 15:00"})["tables"]["t"]["added"]
     assert want == {"amount": 5.0, "check_in": "2027-03-14 15:00"}  # the id, now and today left out
+
+
+def test_query_answer_shapes() -> None:
+    from synth._parse import ParseError
+    from synth.factory.querygen import MAX_TURN_CALLS, parse_query, plan_turns
+
+    objects = json.dumps({"messages": [{"role": "user", "content": "Lend Dune to Ann."},
+                                       {"role": "user", "content": "Then return it."}]})
+    assert parse_query(objects, 2) == ["Lend Dune to Ann.", "Then return it."]
+    assert parse_query('["Lend Dune to Ann."]', 1) == ["Lend Dune to Ann."]
+    assert parse_query('{"messages": "Lend Dune to Ann."}', 1) == ["Lend Dune to Ann."]
+    with pytest.raises(ParseError, match="2 messages for 1 turns"):
+        parse_query(objects, 1)
+    for n in range(1, 12):
+        for seed in range(20):
+            sizes = plan_turns(n, str(seed))
+            assert sum(sizes) == n and 1 <= len(sizes) <= max(3, -(-n // MAX_TURN_CALLS))
+            assert all(1 <= s <= MAX_TURN_CALLS for s in sizes)
+
+
+def test_a_wrong_turn_count_is_repaired_with_the_error(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
+    chain = next(c for c in chains if len(c.steps) == 3)
+    world = script_world(mock_openai)
+    mock_openai.clear()
+    mock_openai.script('{"messages": ["one", "two", "three", "four"]}', world.querygen, stage="queries")
+    world.install(mock_openai)
+    (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
+    assert ep.accepted, (ep.reason, ep.detail)
+    assert len(ep.messages) == len(ep.turn_calls) and sum(ep.turn_calls) == 3
+    repair = [r for r in mock_openai.requests if r.stage == "queries"][1]
+    assert f"4 messages for {len(ep.turn_calls)} turns" in repair.last_user
