@@ -31,7 +31,13 @@ from synth.factory.execute import (
     diff_rows,
     execute_chain,
 )
-from synth.factory.gate import Candidate, Solver, code_judge, gate_batch
+from synth.factory.gate import (
+    DROP_SOLVER_ERROR,
+    Candidate,
+    Solver,
+    code_judge,
+    gate_batch,
+)
 from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode, task_text
 from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
@@ -155,13 +161,13 @@ def valid_records(records: list[dict[str, Any]], model: type[M]) -> tuple[list[M
 async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, store: JsonlStore, *, llm: Any,
                       sandbox: Any, solver: Solver, seed: int, concurrency: int,
                       batch: int = 16) -> tuple[int, int]:
-    """(episodes stored, chains left for a re-run because the LLM endpoint failed); each batch's
+    """(episodes stored, chains left for a re-run because the LLM or agent endpoint failed); each batch's
     episodes are stored as soon as the gate decided them."""
     added = retry_later = 0
     for start in range(0, len(chains), batch):
         for episode in await make_episodes(runtime, chains[start:start + batch], columns, llm, sandbox, solver,
                                            seed=seed, concurrency=concurrency):
-            if episode.reason == LLM_ERROR:  # not stored, so a re-run tries again
+            if episode.reason in (LLM_ERROR, DROP_SOLVER_ERROR):  # an endpoint failed: not stored, a re-run tries again
                 retry_later += 1
             else:
                 added += store.append_once(episode.model_dump(mode="json"))
@@ -203,5 +209,5 @@ def format_queries_row(row: dict[str, Any]) -> str:
     if row.get("bad_chain_records"):
         text += f"; {row['bad_chain_records']} malformed chain records skipped"
     if row.get("llm_errors"):
-        text += f"; {row['llm_errors']} chains left for a re-run (the LLM endpoint failed)"
+        text += f"; {row['llm_errors']} chains left for a re-run (the LLM or agent endpoint failed)"
     return text

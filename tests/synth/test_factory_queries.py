@@ -21,7 +21,7 @@ from synth.factory.graph import factory_dir
 from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.factory_agent import script_world, scripted_solver
+from tests.synth.factory_agent import ScriptedWorld, script_world, scripted_solver
 from tests.synth.factory_run import (
     ENV,
     prepare_run,
@@ -248,3 +248,29 @@ def test_a_wrong_turn_count_is_repaired_with_the_error(lending_chains, mock_open
     assert len(ep.messages) == len(ep.turn_calls) and sum(ep.turn_calls) == 3
     repair = [r for r in mock_openai.requests if r.stage == "queries"][1]
     assert f"4 messages for {len(ep.turn_calls)} turns" in repair.last_user
+
+
+def test_agent_endpoint_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None:
+    from synth.factory.queries import queries_catalog
+
+    prepare_run(tmp_path, n=6)
+    world = ScriptedWorld()
+    mock_openai.script(world.querygen, stage="queries", repeat=True)
+    down = mock_openai.script(Reply.error(500), match=lambda r: r.stage == "", repeat=True)  # the agent's
+
+    async def run() -> dict:
+        solver = scripted_solver(mock_openai)
+        try:
+            async with LLMClient(LLMConfig(base_url=mock_openai.url, model="mock", max_retries=0)) as llm:
+                (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, solver=solver, envs=[ENV])
+        finally:
+            await solver.aclose()
+        return row
+
+    failed = asyncio.run(run())
+    stored = read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)
+    assert failed["llm_errors"] >= 1 and not any(e["accepted"] or e["reason"] == "solver_error" for e in stored)
+    mock_openai.rules.remove(down)  # the agent endpoint is back
+    mock_openai.script(world.agent, match=lambda r: r.stage == "", repeat=True)
+    again = asyncio.run(run())
+    assert again["new"] == failed["llm_errors"] and again["episodes"] == 6 and again["accepted"] >= 1
