@@ -136,13 +136,13 @@ def scripted_solver(mock: MockOpenAI) -> AgentSolver:
     """The trainer's agent loop on the mock endpoint (answered by ``ScriptedWorld.agent``);
     ``await solver.aclose()`` when done."""
     policy = OpenAIPolicy(mock.url, "agent", max_retries=0)
-    return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=12))
+    return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=12, window=None))  # it counts its turns
 
 
 def trainer_agent_loop(endpoint: AgentEndpoint) -> AgentSolver:
     """What the composition root registers: the trainer's loop with an OpenAI-compatible policy."""
     policy = OpenAIPolicy(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, max_retries=0)
-    return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=endpoint.max_turns))
+    return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=endpoint.max_turns, window=None))
 
 
 def script_world(mock: MockOpenAI, world: ScriptedWorld | None = None) -> ScriptedWorld:

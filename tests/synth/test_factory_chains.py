@@ -208,3 +208,13 @@ def test_sampled_chains_of_the_lending_env_execute() -> None:
     for chain in chains:
         results = asyncio.run(_execute(runtime, chain))
         assert all(r.ok for r in results), (chain, [r.error for r in results])
+
+
+def test_database_values_are_passed_as_the_schema_types() -> None:
+    from synth.factory.execute import fit_schema
+
+    flag, optional_flag = {"type": "boolean"}, {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
+    assert fit_schema(1, flag) is True and fit_schema("0", optional_flag) is False
+    assert fit_schema("12", {"type": "integer"}) == 12 and fit_schema("2.5", {"type": "number"}) == 2.5
+    assert fit_schema(7, {"type": "string"}) == "7" and fit_schema("x", {"type": "integer"}) == "x"
+    assert fit_schema(3, {"type": "integer"}) == 3 and fit_schema(1, None) == 1
