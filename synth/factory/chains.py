@@ -157,7 +157,8 @@ def sample_chains(graph: ToolGraph, columns: DbColumns, n: int, max_len: int = 4
 
 def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]:
     """Why a chain is not executable as sampled ([] when every required parameter is bound to a
-    source that exists: an earlier step through a kept edge, a non-empty DB column, or the task)."""
+    source that exists: an earlier step through a kept edge, a non-empty DB column, or the task,
+    and every step after the first is connected: it takes from an earlier step or feeds a later one)."""
     nodes = {n.tool: n for n in graph.nodes}
     kept = {(e.src, e.field, e.dst, e.param) for e in graph.kept()}
     problems = []
@@ -177,6 +178,8 @@ def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]
                 problems.append(f"step {i} {step.tool}: {p.name} from empty column {b.table}.{b.column}")
             elif b.kind == "task" and strict_id(p.name):
                 problems.append(f"step {i} {step.tool}: surrogate key {p.name} left to the user")
-        if i and not any(b.kind == "step" for b in step.bindings.values()):
-            problems.append(f"step {i} {step.tool}: takes nothing from an earlier step")
+    fed = {b.step for s in chain.steps for b in s.bindings.values() if b.kind == "step"}
+    for i, step in enumerate(chain.steps):
+        if i and i not in fed and not any(b.kind == "step" for b in step.bindings.values()):
+            problems.append(f"step {i} {step.tool}: takes nothing from an earlier step and feeds no later one")
     return problems

@@ -57,12 +57,24 @@ def chains(
     n: int = typer.Option(50, "--n", min=1, help="chains per env"),
     max_len: int = typer.Option(4, "--max-len", min=2, help="longest chain (steps)"),
     seed: int = typer.Option(0, help="sampling seed (same seed, same chains)"),
+    sampler: str = typer.Option("backward", help="backward (dependencies resolved along inverse edges, "
+                                "then 1..k neighbours) | forward (the earlier walk, for comparison)"),
+    p: float = typer.Option(0.1, "--p", min=0.0, max=1.0, help="backward: chance of a producer for a "
+                            "parameter already satisfiable"),
+    k: int = typer.Option(2, "--k", min=1, help="backward: at most this many neighbours per tool"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
 ) -> None:
     """Sample executable tool chains along each env's graph into OUT/factory/ENV/chains.jsonl."""
+    from envfarm.errors import SynthesisError
     from synth.factory.run import chains_catalog, format_chains_row
 
-    rows = _usage_errors(lambda: chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed))
+    def work() -> list[dict[str, Any]]:
+        if sampler not in ("backward", "forward"):
+            raise SynthesisError(f"--sampler must be backward or forward, got {sampler!r}")
+        return chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed, sampler=sampler,
+                              p=p, k=k)
+
+    rows = _usage_errors(work)
     _print(rows, as_json, format_chains_row)
 
 
