@@ -22,7 +22,7 @@ import random
 from collections import Counter, defaultdict
 
 from synth.factory.candidates import is_identifier
-from synth.factory.chains import chain_id
+from synth.factory.chains import collect_chains
 from synth.factory.dbvalues import DbColumns, db_source, strict_id
 from synth.factory.model import Binding, Chain, Edge, Node, Step, ToolGraph
 
@@ -127,18 +127,6 @@ def sample_backward(graph: ToolGraph, columns: DbColumns, n: int, max_len: int =
     """Up to ``n`` distinct chains of 2..``max_len`` steps, deterministic under ``seed``."""
     sampler = BackwardSampler(graph, columns, p=p, k=k)
     rng = random.Random(seed)
-    chains: list[Chain] = []
-    seen: set[str] = set()
-    for _ in range(max_attempts if max_attempts is not None else 20 * n + 100):
-        if len(chains) >= n or not sampler.successors:
-            break
-        steps = sampler.walk(rng, max_len)
-        if len(steps) < 2:
-            continue
-        cid = chain_id(graph.env, steps)
-        if cid in seen:
-            continue
-        seen.add(cid)
-        sampler.uses.update(s.tool for s in steps)
-        chains.append(Chain(env=graph.env, chain_id=cid, steps=steps))
-    return chains
+    if not sampler.successors:
+        return []
+    return collect_chains(graph.env, lambda: sampler.walk(rng, max_len), sampler.uses, n, max_attempts)

@@ -101,10 +101,15 @@ def test_coverage_weighting_reaches_rare_tools() -> None:
     assert spread(weighted) < spread(uniform)
 
 
-def test_cycles_do_not_hang() -> None:
+def _cycle_graph() -> ToolGraph:
+    """start -> a -> b -> c -> a."""
     nodes = [_node("a", ["c_id"]), _node("b", ["a_id"]), _node("c", ["b_id"]), _node("start")]
     edges = [_edge("a", "b", "a_id"), _edge("b", "c", "b_id"), _edge("c", "a", "c_id"), _edge("start", "a", "c_id")]
-    graph = ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+    return ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+
+
+def test_cycles_do_not_hang() -> None:
+    graph = _cycle_graph()
     started = time.perf_counter()
     chains = sample_chains(graph, {}, n=1000, max_len=50, seed=0)
     assert time.perf_counter() - started < 5
@@ -256,9 +261,7 @@ def test_backward_p_brings_in_optional_predecessors() -> None:
 def test_backward_sampling_of_a_cycle_ends() -> None:
     from synth.factory.sampling import sample_backward
 
-    nodes = [_node("a", ["c_id"]), _node("b", ["a_id"]), _node("c", ["b_id"]), _node("start")]
-    edges = [_edge("a", "b", "a_id"), _edge("b", "c", "b_id"), _edge("c", "a", "c_id"), _edge("start", "a", "c_id")]
-    graph = ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+    graph = _cycle_graph()
     started = time.perf_counter()
     chains = sample_backward(graph, {}, n=1000, max_len=50, seed=0)
     assert time.perf_counter() - started < 30 and chains  # bounded even on a loaded machine
