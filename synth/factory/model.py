@@ -106,6 +106,8 @@ class Episode(BaseModel):
     messages: list[str]            # the user's first message, then follow-ups (implicit intent)
     #: calls each message asks for, in order, as QueryGen planned them ([] in older files)
     turn_calls: list[int] = Field(default_factory=list)
+    #: QueryGen's stages: profile, scenario, per turn subgoals, goal and message ({} in older files)
+    query: dict[str, Any] = Field(default_factory=dict)
     verifier_code: str             # AWM code mode: verify_task_completion(initial, final, final_answer=None)
     final_answer: str | None = None
     accepted: bool = False

@@ -97,14 +97,14 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     code = verifier_code(expected)
     final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
     stats = QueryStats()
-    messages, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
+    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
-    if messages is None:
+    if plan is None:
         return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None
     calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
     check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer)
-    episode = _episode(ex, usage=usage, messages=messages, turn_calls=turn_calls, verifier_code=code,
-                       final_answer=final_answer)
+    episode = _episode(ex, usage=usage, messages=[t.message for t in plan.turns], turn_calls=turn_calls,
+                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer)
     if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
         return episode, None

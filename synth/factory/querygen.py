@@ -1,9 +1,11 @@
 """QueryGen: the LLM writes the user's request for an executed chain (implicit intent).
 
-The calls are planned into 1-3 user turns of 1-5 calls each; the request has one message per turn
-(a first message, then follow-ups). An answer that does not fit (not the JSON asked for, not one
-message per turn) is asked once more with what was wrong; obvious variants (a bare list,
-``{role, content}`` objects) are read as meant; an answer that names a tool, or states a raw internal id the user
+The calls are planned into 1-3 user turns of 1-5 calls each. One LLM call writes EnvFactory's
+stages, each checked: a user profile and a scenario, then per turn its subgoals (one per call), the
+goal articulated explicitly, and the message calibrated to sound like a person (implicit reference,
+no tool names, no ids); the messages are the request (a first message, then follow-ups). An answer
+that does not fit is asked once more with what was wrong; obvious variants (``{role, content}``
+messages, a single subgoal as a string, turns as an object) are read as meant; an answer that names a tool, or states a raw internal id the user
 would not know, is rejected. Every outcome is counted; nothing here raises for a bad answer.
 """
 
@@ -28,13 +30,20 @@ STAGE = "queries"
 LLM_ERROR = "llm_error"
 
 SYSTEM = """You write what a real user of an app types to an assistant that uses the app's API. \
-You get the API calls the assistant must make (already run, with their results), split into turns, and \
-write the user's request that needs exactly those calls: one message per turn, each asking for what its \
-turn's calls do (a later message may build on what the assistant answered). Implicit intent: say what \
-the user wants, in their own words, never a tool or endpoint name and never an internal id number the \
-user cannot know (say "my latest loan", "the Dune book", not "loan 17"); values the user knows (names, \
-dates, amounts) may be stated.
-Answer with one JSON object: {"messages": ["<message of turn 1>", "<message of turn 2>", ...]}"""
+You get the API calls the assistant must make (already run, with their results), split into turns. \
+Work in stages and write each one down:
+1. profile: who this user is, in one sentence;
+2. scenario: the situation that makes them ask, in one sentence;
+then for each turn, in order:
+3. subgoals: what each call of the turn achieves for the user, one short phrase per call, in order;
+4. goal: the turn's goal as one explicit sentence;
+5. message: that goal as this user would type it, calibrated to sound like a person: refer to \
+things implicitly where the user or the conversation makes them clear ("my latest booking", "that \
+hotel", "the one I just made"), keep values the user knows (names, dates, amounts), never a tool or \
+endpoint name and never an internal id number the user cannot know (say "the Dune book", not "book \
+17"). A later message may build on what the assistant answered.
+Answer with one JSON object: {"profile": "...", "scenario": "...", "turns": [{"subgoals": ["..."], \
+"goal": "...", "message": "..."}]} with exactly one entry per turn."""
 
 #: most tools one user turn asks for (the paper's turns of 1-5 tool calls)
 MAX_TURN_CALLS = 5
@@ -60,34 +69,43 @@ def _message_text(value: Any) -> Any:
     return value
 
 
-def _texts(value: Any) -> Any:
-    if isinstance(value, (str, dict)):
-        value = [value]
-    return [_message_text(v) for v in value] if isinstance(value, list) else value
+def _listed(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
 
 
-class QueryAnswer(_Answer):
-    messages: Annotated[list[Annotated[str, Field(min_length=3)]], BeforeValidator(_texts)] = Field(
-        min_length=1, max_length=8)
+def _turn_list(value: Any) -> Any:
+    """Turns as a list (a ``{"turn 1": {...}}`` object is read in its order)."""
+    return list(value.values()) if isinstance(value, dict) else value
 
 
-def parse_query(text: str, turns: int) -> list[str]:
-    """The messages of an answer, one per planned turn (``{"messages": [...]}``, a bare list, or
-    ``{role, content}`` objects); ParseError saying what is wrong otherwise."""
-    try:
-        messages = parse_answer(text, QueryAnswer).messages
-    except ParseError:
-        try:
-            value = json.loads(text.strip().removeprefix("```json").removeprefix("```").removesuffix("```"))
-        except json.JSONDecodeError:
-            raise ParseError('not the JSON asked for: {"messages": ["..."]}') from None
-        if not isinstance(value, list):
-            raise
-        messages = parse_answer(json.dumps({"messages": value}), QueryAnswer).messages
-    messages = [m.strip() for m in messages]
-    if len(messages) != turns:
-        raise ParseError(f"{len(messages)} messages for {turns} turns: write exactly one message per turn")
-    return messages
+Phrase = Annotated[str, Field(min_length=3)]
+
+
+class QueryTurn(_Answer):
+    subgoals: Annotated[list[Phrase], BeforeValidator(_listed)] = Field(min_length=1)
+    goal: Phrase
+    message: Annotated[Phrase, BeforeValidator(_message_text)]
+
+
+class QueryPlan(_Answer):
+    """QueryGen's stages: who asks and why, then per turn its subgoals, goal and message."""
+
+    profile: Phrase
+    scenario: Phrase
+    turns: Annotated[list[QueryTurn], BeforeValidator(_turn_list)] = Field(min_length=1, max_length=8)
+
+
+def parse_query(text: str, turns: list[int]) -> QueryPlan:
+    """QueryGen's answer with every stage checked against the planned ``turns`` (calls per turn):
+    one entry per turn, one subgoal per call; ParseError saying what is wrong otherwise."""
+    plan = parse_answer(text, QueryPlan)
+    if len(plan.turns) != len(turns):
+        raise ParseError(f"{len(plan.turns)} turns for {len(turns)} planned: write exactly one entry per turn")
+    for i, (turn, calls) in enumerate(zip(plan.turns, turns, strict=True)):
+        if len(turn.subgoals) != calls:
+            raise ParseError(f"turn {i + 1} has {len(turn.subgoals)} subgoals for its {calls} calls: one per call")
+        turn.message = turn.message.strip()
+    return plan
 
 
 @dataclass
@@ -152,10 +170,9 @@ def leak(messages: list[str], tools: list[str], ids: set[str]) -> str | None:
 
 
 async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
-                      stats: QueryStats) -> tuple[list[str] | None, list[int], str]:
-    """``(messages, turn_calls, "")`` or ``(None, turn_calls, why)`` with why in malformed |
-    llm_error | names_tool | names_id. An answer that does not fit is asked again once, with what
-    was wrong."""
+                      stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
+    """``(plan, turn_calls, "")`` or ``(None, turn_calls, why)`` with why in malformed | llm_error |
+    names_tool | names_id. An answer that does not fit is asked again once, with what was wrong."""
     turns = plan_turns(len(ex.calls), ex.chain.chain_id)
     messages = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": query_prompt(env, ex, answer, turns)}]
@@ -171,17 +188,17 @@ async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer
         stats.completion_tokens += res.usage.completion_tokens
         stats.cost_usd += res.usage.cost_usd
         try:
-            written = parse_query(res.text, len(turns))
+            plan = parse_query(res.text, turns)
         except ParseError as exc:
             if attempt == 0:
                 stats.retried += 1
                 messages += [{"role": "assistant", "content": res.text[:4000]},
                              {"role": "user", "content": f"Your answer could not be used: {exc}. Answer again."}]
             continue
-        why = leak(written, tools, hidden_ids(ex))
+        why = leak([t.message for t in plan.turns], tools, hidden_ids(ex))
         if why:
             setattr(stats, why, getattr(stats, why) + 1)
             return None, turns, why
-        return written, turns, ""
+        return plan, turns, ""
     stats.malformed += 1
     return None, turns, "malformed"

@@ -79,6 +79,18 @@ def describe(calls: list[tuple[str, dict[str, Any], Any]]) -> str:
     return ", then ".join(steps)
 
 
+def staged(turns: list[dict[str, Any]]) -> str:
+    """A QueryGen answer with every stage: profile, scenario, per turn subgoals, goal, message."""
+    return json.dumps({"profile": "A regular user of the app.", "scenario": "They are sorting out their account.",
+                       "turns": turns})
+
+
+def staged_messages(messages: list[str], sizes: list[int]) -> str:
+    """A staged answer whose turns say ``messages`` (one generic subgoal per call)."""
+    return staged([{"subgoals": ["do it"] * size, "goal": "The user wants this done.", "message": m}
+                   for m, size in zip(messages, sizes, strict=True)])
+
+
 @dataclass
 class Plan:
     calls: list[tuple[str, dict[str, Any]]]
@@ -99,20 +111,22 @@ class ScriptedWorld:
         calls = prompt_calls(prompt)
         learn = _LEARN.search(prompt)
         field_name = learn.group(1).rsplit(".", 1)[-1].strip("[]") if learn else ""
-        messages, start = [], 0
+        turns, start = [], 0
         for size in turn_sizes(prompt) or [len(calls)]:
             part = calls[start:start + size]
             start += size
-            messages.append(f"Could you {describe(part)} for me?" if part else "Could you help me with my account?")
+            words = describe(part) if part else "help me with my account"
+            turns.append({"subgoals": [tool.replace("_", " ") for tool, _, _ in part] or ["help"],
+                          "goal": f"The user wants the assistant to {words}.", "message": f"Could you {words} for me?"})
         if learn:
-            messages[-1] = messages[-1][:-1] + f", and tell me the {field_name}?"
-        text = "\n\n".join(messages)  # the farm task the agent reads (synth.factory.model.task_text)
+            turns[-1]["message"] = turns[-1]["message"][:-1] + f", and tell me the {field_name}?"
+        text = "\n\n".join(t["message"] for t in turns)  # the farm task the agent reads (model.task_text)
         if calls:
             answer = f"The {field_name} is {learn.group(2).strip(chr(39))}." if learn else "Done, as you asked."
             plan = Plan([(tool, args) for tool, args, _ in calls], answer)
             self.plans[text] = self.misread(plan) if self.misread else plan
         self.requests.append(text)
-        return json.dumps({"messages": messages})
+        return staged(turns)
 
     def agent(self, req: SeenRequest) -> str:
         task = next(m["content"] for m in req.messages if m["role"] == "user")

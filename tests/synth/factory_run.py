@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 from envfarm import EnvRuntime, load_catalog
@@ -18,11 +17,11 @@ ENV = "hotel_booking_1"
 def request(first: str = "I'd like to sort out my trip plans in my account, please."):
     """A QueryGen answer with one message per planned turn, ``first`` first (names no tool, no id
     unless ``first`` does); well-formed, but no agent can act on it."""
-    from tests.synth.factory_agent import query_prompt_of, turn_sizes
+    from tests.synth.factory_agent import query_prompt_of, staged_messages, turn_sizes
 
     def answer(req: SeenRequest) -> str:
-        n = len(turn_sizes(query_prompt_of(req))) or 1
-        return json.dumps({"messages": [first, *(["And tell me when that's done."] * (n - 1))]})
+        sizes = turn_sizes(query_prompt_of(req)) or [1]
+        return staged_messages([first, *(["And tell me when that's done."] * (len(sizes) - 1))], sizes)
 
     return answer
 

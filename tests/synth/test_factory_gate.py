@@ -20,6 +20,7 @@ from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import make_episodes
 from synth.factory.verifier import verifier_code, wrong_answers
 from tests.synth.factory_agent import Plan, ScriptedWorld, scripted_solver
+from tests.synth.factory_run import request
 
 
 def _run(runtime, columns, chains, mock, sandbox):
@@ -79,12 +80,13 @@ def test_an_unknown_request_is_not_accepted(lending_chains, mock_openai, sandbox
     world = ScriptedWorld()
     world.install(mock_openai)
     world.plans.clear()
-    world.querygen = lambda req: '{"messages": ["Please help me with my account."]}'
+    world.querygen = request("Please help me with my account.")  # well-formed, says nothing
     mock_openai.clear()
     world.install(mock_openai)
     eps = _run(runtime, columns, chains[:4], mock_openai, sandbox)
     assert not any(e.accepted for e in eps)
-    assert {e.reason for e in eps if e.messages} <= {DROP_UNSOLVED, DROP_GUESSABLE}
+    written = [e for e in eps if e.messages]
+    assert written and {e.reason for e in written} <= {DROP_UNSOLVED, DROP_GUESSABLE}
 
 
 def test_a_verifier_a_guess_passes_is_dropped(lending_chains, mock_openai, sandbox) -> None:

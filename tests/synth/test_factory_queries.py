@@ -21,7 +21,12 @@ from synth.factory.graph import factory_dir
 from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.factory_agent import ScriptedWorld, script_world, scripted_solver
+from tests.synth.factory_agent import (
+    ScriptedWorld,
+    script_world,
+    scripted_solver,
+    staged_messages,
+)
 from tests.synth.factory_run import (
     ENV,
     prepare_run,
@@ -218,17 +223,29 @@ def test_times_the_env_stamps_are_not_checked() -> None:
     assert want == {"amount": 5.0, "check_in": "2027-03-14 15:00"}  # the id, now and today left out
 
 
-def test_query_answer_shapes() -> None:
+def test_query_stages_and_answer_shapes() -> None:
     from synth._parse import ParseError
     from synth.factory.querygen import MAX_TURN_CALLS, parse_query, plan_turns
 
-    objects = json.dumps({"messages": [{"role": "user", "content": "Lend Dune to Ann."},
-                                       {"role": "user", "content": "Then return it."}]})
-    assert parse_query(objects, 2) == ["Lend Dune to Ann.", "Then return it."]
-    assert parse_query('["Lend Dune to Ann."]', 1) == ["Lend Dune to Ann."]
-    assert parse_query('{"messages": "Lend Dune to Ann."}', 1) == ["Lend Dune to Ann."]
-    with pytest.raises(ParseError, match="2 messages for 1 turns"):
-        parse_query(objects, 1)
+    turn = {"subgoals": ["lend the book", "return it"], "goal": "Lend Dune to Ann, then return it.",
+            "message": {"role": "user", "content": "Lend Dune to Ann and bring it back."}}
+    answer = {"profile": "A librarian.", "scenario": "Ann borrows a book for a day.", "turns": [turn]}
+    plan = parse_query(json.dumps(answer), [2])
+    assert [t.message for t in plan.turns] == ["Lend Dune to Ann and bring it back."]
+    assert plan.profile == "A librarian." and plan.turns[0].subgoals == ["lend the book", "return it"]
+    as_object = {**answer, "turns": {"turn 1": {**turn, "subgoals": "lend and return"}}}
+    assert parse_query(json.dumps(as_object), [1]).turns[0].subgoals == ["lend and return"]
+    with pytest.raises(ParseError, match="1 turns for 2 planned"):
+        parse_query(json.dumps(answer), [1, 1])
+    with pytest.raises(ParseError, match="2 subgoals for its 3 calls"):
+        parse_query(json.dumps(answer), [3])
+    for missing in ("profile", "scenario"):  # every stage is checked
+        with pytest.raises(ParseError):
+            parse_query(json.dumps({k: v for k, v in answer.items() if k != missing}), [2])
+    with pytest.raises(ParseError):
+        parse_query(json.dumps({**answer, "turns": [{**turn, "goal": ""}]}), [2])
+    with pytest.raises(ParseError):
+        parse_query('{"messages": ["Lend Dune to Ann."]}', [1])  # the message alone skips the stages
     for n in range(1, 12):
         for seed in range(20):
             sizes = plan_turns(n, str(seed))
@@ -241,13 +258,15 @@ def test_a_wrong_turn_count_is_repaired_with_the_error(lending_chains, mock_open
     chain = next(c for c in chains if len(c.steps) == 3)
     world = script_world(mock_openai)
     mock_openai.clear()
-    mock_openai.script('{"messages": ["one", "two", "three", "four"]}', world.querygen, stage="queries")
+    mock_openai.script(staged_messages(["one", "two", "three", "four"], [1, 1, 1, 1]), world.querygen,
+                       stage="queries")
     world.install(mock_openai)
     (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
     assert ep.accepted, (ep.reason, ep.detail)
     assert len(ep.messages) == len(ep.turn_calls) and sum(ep.turn_calls) == 3
     repair = [r for r in mock_openai.requests if r.stage == "queries"][1]
-    assert f"4 messages for {len(ep.turn_calls)} turns" in repair.last_user
+    assert f"4 turns for {len(ep.turn_calls)} planned" in repair.last_user
+    assert ep.query["profile"] and [t["message"] for t in ep.query["turns"]] == ep.messages
 
 
 def test_agent_endpoint_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None:
