@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envfarm.farm._tenants import TenantsConfig
+
 
 class PoolConfig(BaseModel):
     """Sizing of one env's instance pool (per process or per replica)."""
@@ -53,6 +55,11 @@ class FarmConfig(BaseModel):
     verifier_workers: int = Field(default=1, ge=1, le=64,
                                   description="Sandbox worker processes for verifiers.")
     verifier_timeout_s: float = Field(default=10.0, gt=0)
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig,
+                                   description="API keys (hashed) and per-tenant quotas.")
+    public_url: str | None = Field(default=None, description=(
+        "Base URL clients reach the farm at, for the absolute mcp_url of a lease; None: the "
+        "URL the lease request came to."))
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))

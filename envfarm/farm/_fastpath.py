@@ -125,6 +125,7 @@ class FastCall:
             return
         try:
             lease = self.core.lease(match.group(1), match.group(2), bearer_of(scope))
+            self.core.admit_call(lease)
         except EnvfarmError as exc:
             await error_response(exc)(scope, receive, send)
             return

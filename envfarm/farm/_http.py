@@ -7,6 +7,7 @@ SDK read); this module only renders ``{"error": {kind, message, ...}}`` bodies.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,8 +28,12 @@ from envfarm.errors import (
 
 def error_response(exc: EnvfarmError) -> JSONResponse:
     status = http_status(type(exc))
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    retry_after = exc.fields.get("retry_after_s")
+    if isinstance(retry_after, int | float):
+        # whole seconds, at least 1 (RFC 9110); the body keeps the exact figure
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers or None)
 
 
 def error_body(status: int, kind: ErrorKind, message: str, **extra: Any) -> JSONResponse:
