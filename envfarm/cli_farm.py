@@ -6,7 +6,9 @@ Mount on the root app with ``register(app)``. Ray is imported only by commands t
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
@@ -21,7 +23,17 @@ from envfarm.catalog import load_catalog
 from envfarm.client import EpisodeReport, Farm, reference_episode
 from envfarm.compose import LocalFarm, compose_core
 from envfarm.errors import EnvfarmError
-from envfarm.farm import FarmConfig, PoolConfig, make_server
+from envfarm.farm import (
+    FarmConfig,
+    PoolConfig,
+    Tenant,
+    TenantsConfig,
+    hash_key,
+    load_tenants,
+    make_server,
+    new_key,
+    parse_keys,
+)
 
 console = Console(soft_wrap=True)
 
@@ -43,10 +55,55 @@ ProxyOpt = Annotated[Ingress, typer.Option(
                     "bind all interfaces) or python (Serve's Python proxy, one more hop).")]
 
 
-def _config(catalog: Path | None, envs: str | None, warm: int) -> FarmConfig:
+TenantsOpt = Annotated[Path | None, typer.Option(
+    "--tenants", envvar="ENVFARM_TENANTS",
+    help="Tenants file (YAML: name, key_sha256, max_leases, leases_per_s, calls_per_s); "
+         "`envfarm tenants new` writes one.")]
+ApiKeyOpt = Annotated[list[str] | None, typer.Option(
+    "--api-key", help="NAME:KEY of a tenant (no quota; repeatable). Prefer the tenants file or "
+                      "$ENVFARM_API_KEYS (NAME:KEY,...): a command line is visible to others.")]
+KEYS_ENV = "ENVFARM_API_KEYS"
+
+
+def _config(catalog: Path | None, envs: str | None, warm: int,
+            tenants: TenantsConfig | None = None) -> FarmConfig:
     return FarmConfig(catalog=str(catalog) if catalog else None,
                       envs=[e.strip() for e in envs.split(",") if e.strip()] if envs else None,
-                      pool=PoolConfig(warm=warm))
+                      pool=PoolConfig(warm=warm), tenants=tenants or TenantsConfig())
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it is reachable from elsewhere
+
+
+def tenants_config(path: Path | None, keys: list[str] | None, host: str) -> TenantsConfig:
+    """Tenants from the file, ``--api-key`` and ``$ENVFARM_API_KEYS`` (keys hashed at once);
+    a key is required when the farm listens beyond loopback."""
+    tenants: list[Tenant] = load_tenants(path) if path else []
+    tenants += parse_keys(",".join([*(keys or []), os.environ.get(KEYS_ENV, "")]))
+    if len({t.name for t in tenants}) != len(tenants):
+        raise typer.BadParameter("tenant names must be unique across --tenants, --api-key and "
+                                 f"${KEYS_ENV}")
+    return TenantsConfig(tenants=tenants, require_key=not is_loopback(host))
+
+
+def _say_who_may_lease(tenants: TenantsConfig) -> None:
+    if tenants.require_key:
+        if not tenants.tenants:
+            raise typer.BadParameter("the farm listens beyond loopback, where creating leases "
+                                     "needs an API key: give --tenants FILE or $ENVFARM_API_KEYS "
+                                     "(envfarm tenants new NAME makes a key)")
+        console.print(f"leases need an API key ({len(tenants.tenants)} tenants)")
+    else:
+        console.print("[yellow]open farm:[/yellow] listening on loopback, anyone on this machine "
+                      "may create leases without an API key"
+                      + (f" ({len(tenants.tenants)} tenants have keys)" if tenants.tenants
+                         else ""))
 
 
 # Flags that only mean something when Ray Serve runs the farm.
@@ -91,12 +148,16 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           access_log: Annotated[bool, typer.Option(
               "--access-log", help="Serve's access log: one line per request (tool call) in "
                                    "each replica's log file; off by default.")] = False,
+          tenants: TenantsOpt = None, api_key: ApiKeyOpt = None,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
         _reject_ray_flags(ctx)
     try:
-        config = _config(catalog, envs, warm)
+        tenant_config = tenants_config(tenants, api_key, host)
+        config = _config(catalog, envs, warm, tenant_config)
+        if write_config is None:
+            _say_who_may_lease(tenant_config)
         if write_config is not None:
             _write_config(config, pack, replicas, host, port, write_config, access_log)
         elif no_ray:
@@ -309,8 +370,45 @@ def lease_release(env: EnvOpt, lease: LeaseOpt, token: TokenOpt,
     _emit(_run(lambda f: _lease(f, env, lease, token).release(), url).model_dump())
 
 
+# -- envfarm tenants ... --------------------------------------------------------------------------
+tenants_app = typer.Typer(help="Farm API keys and quotas of a shared farm.", no_args_is_help=True)
+
+
+@tenants_app.command("new")
+def tenants_new(name: Annotated[str, typer.Argument(help="Tenant name.")],
+                file: Annotated[Path, typer.Option("--file", help="Tenants file to add to "
+                                                   "(created if missing).")] = Path(
+                                                       "tenants.yaml"),
+                max_leases: Annotated[int | None, typer.Option("--max-leases", min=0)] = None,
+                leases_per_s: Annotated[float | None, typer.Option("--leases-per-s")] = None,
+                calls_per_s: Annotated[float | None, typer.Option("--calls-per-s")] = None
+                ) -> None:
+    """Make a tenant's API key: prints the key once; the file keeps only its SHA-256."""
+    import yaml
+
+    tenants = load_tenants(file) if file.exists() else []
+    if any(t.name == name for t in tenants):
+        raise typer.BadParameter(f"{file} has a tenant {name!r} already")
+    key = new_key()
+    try:
+        tenant = Tenant(name=name, key_sha256=hash_key(key), max_leases=max_leases,
+                        leases_per_s=leases_per_s, calls_per_s=calls_per_s)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    items = [t.model_dump(exclude_none=True, exclude_defaults=True) | {
+        "name": t.name, "key_sha256": t.key_sha256} for t in [*tenants, tenant]]
+    tmp = file.with_suffix(file.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump({"tenants": items}, sort_keys=False))
+    os.chmod(tmp, 0o600)
+    tmp.replace(file)
+    sys.stdout.write(key + "\n")
+    Console(stderr=True).print(f"added tenant {name!r} to {file}; give the key above to the "
+                               "tenant (ENVFARM_API_KEY): it is not stored")
+
+
 def register(app: typer.Typer) -> None:
-    """Mount ``serve``, ``demo`` and ``lease`` on the root CLI."""
+    """Mount ``serve``, ``demo``, ``lease`` and ``tenants`` on the root CLI."""
     app.command("serve")(serve)
     app.command("demo")(demo)
     app.add_typer(lease_app, name="lease")
+    app.add_typer(tenants_app, name="tenants")

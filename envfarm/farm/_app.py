@@ -99,7 +99,8 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         return Response(core.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def status() -> FarmStatus:
-        return summarize_status([core.replica_status()], core.env_names(), "no-ray")
+        return summarize_status([core.replica_status()], core.env_names(), "no-ray",
+                                open_farm=core.tenants.open)
 
     install_status_routes(app, status)
 

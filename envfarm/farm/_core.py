@@ -212,7 +212,8 @@ class FarmCore:
     def replica_status(self, app: str | None = None) -> ReplicaStatus:
         """This process's part of the status page."""
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
-                             pools=self.pool_stats(), window=self.window.snapshot())
+                             pools=self.pool_stats(), window=self.window.snapshot(),
+                             tenants=self.tenants.status())
 
     # -- leases ---------------------------------------------------------------------------------
     def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",

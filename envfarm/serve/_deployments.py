@@ -8,6 +8,7 @@ all through DeploymentHandles routed by ``LeaseRouter``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 from typing import Any
@@ -33,6 +34,7 @@ from envfarm.farm import (
     FarmCore,
     FarmStatus,
     LeaseRequest,
+    RedactCredentials,
     ReplicaStatus,
     build_app,
     error_response,
@@ -42,9 +44,9 @@ from envfarm.farm import (
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
+from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 from envfarm.serve._to_owner import ToOwner
 from envfarm.wire import by_owner
-from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 
 
 class _FullPath:
@@ -90,6 +92,8 @@ class PoolReplica:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.core = compose_core(FarmConfig.model_validate(config), owner=_owner_tag())
+        # Serve's access log (--access-log) prints paths: keep MCP credentials out of it.
+        logging.getLogger("ray.serve").addFilter(RedactCredentials())
         app = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
         self._pool: Any = None
         self._asgi = ToOwner(app, self.core.owner, self._own_pool)
@@ -110,9 +114,10 @@ class PoolReplica:
         return [r.model_dump() for r in results]
 
     async def create_lease(self, env: str, request: dict[str, Any] | None = None,
-                           owner: str | None = None) -> dict[str, Any]:
-        return self.core.create_lease(env, LeaseRequest.model_validate(request or {})
-                                      ).model_dump()
+                           owner: str | None = None, api_key: str | None = None
+                           ) -> dict[str, Any]:
+        return self.core.create_lease(env, LeaseRequest.model_validate(request or {}),
+                                      key=api_key).model_dump()
 
     async def release(self, env: str, lease_id: str, token: str, owner: str) -> dict[str, Any]:
         return self.core.release(env, lease_id, token).model_dump()
@@ -208,7 +213,8 @@ class Front:
                                              if isinstance(a, dict))}
             return summarize_status(list(replicas.values()), sorted(served), "serve",
                                     unreachable=sum(isinstance(a, BaseException)
-                                                    for a in answers))
+                                                    for a in answers),
+                                    open_farm=not self.config.tenants.require_key)
 
         install_status_routes(app, status)
 
