@@ -10,6 +10,7 @@
     │   └── EnvCallError             the environment's fault: exception, 5xx, timeout
     ├── LeaseError                   lease lifecycle problems                400
     │   ├── BadRequest               body not JSON or not the schema         422
+    │   │   └── MalformedJSON        hostile JSON: too deep, NaN, duplicate keys ... 400
     │   ├── PayloadTooLarge          body over the farm's size limit         413
     │   ├── TaskNotFound             the env has no such task                404
     │   ├── LeaseNotFound            no such lease                          404
@@ -57,6 +58,7 @@ __all__ = [
     "LeaseGone",
     "LeaseNotFound",
     "LeaseUnauthorized",
+    "MalformedJSON",
     "PayloadTooLarge",
     "PoolExhausted",
     "QuotaExceeded",
@@ -172,6 +174,13 @@ class BadRequest(LeaseError):
 
     kind = ErrorKind.invalid_request
     status_code = 422
+
+
+class MalformedJSON(BadRequest):
+    """A JSON body no route should parse: nested too deep, numbers out of range, NaN, duplicate
+    keys, bytes that are not UTF-8, lone surrogates."""
+
+    status_code = 400
 
 
 class PayloadTooLarge(LeaseError):
@@ -295,7 +304,7 @@ HTTP_STATUS: dict[type[EnvfarmError], int] = {
     cls: cls.status_code
     for cls in (
         CatalogError, ConfigError, EnvNotFound, EnvLoadError, AgentError, EnvCallError,
-        LeaseError, BadRequest,
+        LeaseError, BadRequest, MalformedJSON,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
         LeaseGone, PoolExhausted, FarmNotReady, KeyMissing, KeyInvalid, QuotaExceeded,
         VerifierError, JudgeError, SynthesisError, LLMError,

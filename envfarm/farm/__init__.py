@@ -11,6 +11,7 @@ from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
 from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
 from envfarm.farm._fastpath import read_body, scope_header
 from envfarm.farm._http import error_response, install_error_handlers
+from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
@@ -73,6 +74,7 @@ __all__ = [
     "FarmStatus",
     "Health",
     "InstancePool",
+    "JSONGuard",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import FastCall
 from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
+from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER
@@ -78,6 +79,7 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     install_error_handlers(app)
     if core.config.fast_paths:
         app.add_middleware(FastCall, core=core)  # inside BodyLimit: oversized bodies get 413
+    app.add_middleware(JSONGuard)  # hostile JSON: 400 before any route parses it
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
     app.state.core = core
     app.state.mcp = mcp

@@ -33,6 +33,7 @@ from envfarm.farm import (
     FarmConfig,
     FarmCore,
     FarmStatus,
+    JSONGuard,
     LeaseRequest,
     RedactCredentials,
     ReplicaStatus,
@@ -186,6 +187,7 @@ class Front:
         app = FastAPI(title="envfarm", version="1",
                       description="The farm's front: catalog, health, metrics, batched calls.")
         install_error_handlers(app)
+        app.add_middleware(JSONGuard)
         served = set(self.routes)
         # /docs and /openapi.json show the whole lease API (served by the pools), not just the
         # front's own routes: the schema of the farm app over no envs.
