@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 
 
@@ -60,6 +61,9 @@ class FarmConfig(BaseModel):
     public_url: str | None = Field(default=None, description=(
         "Base URL clients reach the farm at, for the absolute mcp_url of a lease; None: the "
         "URL the lease request came to."))
+    tool_schemas: ToolRendering = Field(default="fastapi-mcp", description=(
+        "How tools are listed to agents: as AWM's server (fastapi-mcp) renders them, which "
+        "models trained on AWM know, or the runtime's plain merged schemas."))
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))

@@ -33,6 +33,7 @@ from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._pool import InstancePool
+from envfarm.farm._schemas import render_tools
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
 from envfarm.farm._window import CallWindow
@@ -120,6 +121,9 @@ class FarmCore:
                 continue
             self.runtimes[name] = runtime
             self.pools[name] = InstancePool(runtime, config.pool_for(name))
+        #: the tools as listed to agents (HTTP and MCP), per env
+        self.tool_specs = {name: render_tools(rt, config.tool_schemas)
+                           for name, rt in self.runtimes.items()}
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
@@ -190,7 +194,7 @@ class FarmCore:
         summary = self._summary(self.catalog[name].name)
         runtime = self.runtimes.get(name)
         return EnvDetail(**summary.model_dump(), task_list=list(self.catalog[name].tasks),
-                         tools=runtime.tools if runtime else [],
+                         tools=self.tool_specs[name] if runtime else [],
                          pool=self.pools[name].stats() if runtime else None)
 
     def runtime(self, env: str) -> EnvRuntime:
@@ -349,7 +353,7 @@ class FarmCore:
     # -- per-lease operations -------------------------------------------------------------------
     def tools(self, lease: LeaseRecord) -> list[ToolSpec]:
         lease.agent_requests += 1
-        return lease.instance.tools
+        return self.tool_specs[lease.env]
 
     async def call(self, lease: LeaseRecord, tool: str, arguments: dict) -> CallResult:
         lease.agent_requests += 1

@@ -64,13 +64,12 @@ class LeaseMCP:
         self.core = core
         self.fast_path = fast_path
         self.fast_calls = 0  # tools/call answered without FastMCP (tests, operators)
-        self.tools = {env: {t.name: t for t in runtime.tools}
-                      for env, runtime in core.runtimes.items()}
+        self.tools = {env: {t.name: t for t in specs} for env, specs in core.tool_specs.items()}
         self.server_info: dict[str, dict[str, str]] = {}
         self.apps: dict[str, ASGIApp] = {}
         self._lifespans: list[Any] = []
-        for env, runtime in core.runtimes.items():
-            server = _server(env, runtime.tools)
+        for env, specs in core.tool_specs.items():
+            server = _server(env, specs)
             self.server_info[env] = {"name": server.name, "version": str(server.version)}
             app = server.http_app(
                 path="/", stateless_http=True, json_response=True, host_origin_protection=False)

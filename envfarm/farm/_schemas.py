@@ -1,0 +1,70 @@
+"""Tool listings as AWM's own server renders them.
+
+AWM serves each env with fastapi-mcp, whose tools models trained on AWM have seen: every
+parameter has a top-level ``type`` (an optional field, ``anyOf: [{type: X}, {type: null}]``,
+also says ``type: X``; without it a client shows "unknown"), titles are the parameter names,
+and a description is the summary, the description and the success response with an example.
+``rendering="fastapi-mcp"`` (the default) lists tools through fastapi-mcp's own converter, run
+on the env's OpenAPI; ``"envfarm"`` lists the runtime's plain merged schemas. One deviation:
+for a union of several non-null types fastapi-mcp picks one from a ``set`` (its order varies
+between processes, so replicas would disagree); here it is the first, as the union lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Literal
+
+from envfarm.models import ToolSpec
+from envfarm.runtime import EnvRuntime
+
+log = logging.getLogger("envfarm.farm")
+
+ToolRendering = Literal["fastapi-mcp", "envfarm"]
+
+
+def render_tools(runtime: EnvRuntime, rendering: ToolRendering = "fastapi-mcp") -> list[ToolSpec]:
+    """The env's tools as listed to agents (HTTP ``/tools`` and MCP ``tools/list``)."""
+    if rendering == "envfarm":
+        return runtime.tools
+    with warnings.catch_warnings():  # fastapi-mcp 0.4.0 trips pydantic's deprecations
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from fastapi_mcp.openapi.convert import convert_openapi_to_mcp_tools
+
+    try:
+        converted = {t.name: t for t in convert_openapi_to_mcp_tools(openapi_as_fastapi_mcp(
+            runtime.app))[0]}
+    except Exception as exc:  # noqa: BLE001 - generated code's schema may not render
+        log.warning("%s: fastapi-mcp cannot render its tools (%s: %s); listing plain schemas",
+                    runtime.name, type(exc).__name__, exc)
+        return runtime.tools
+    out = []
+    for spec in runtime.tools:
+        tool = converted.get(spec.name)
+        if tool is None:
+            out.append(spec)
+            continue
+        schema = dict(tool.input_schema)
+        schema["properties"] = {name: first_type(prop)
+                                for name, prop in schema.get("properties", {}).items()}
+        out.append(ToolSpec(name=spec.name, description=tool.description or spec.description,
+                            input_schema=schema))
+    return out
+
+
+def openapi_as_fastapi_mcp(app: Any) -> dict[str, Any]:
+    """The env app's OpenAPI, generated the way fastapi-mcp's server does (from its routes)."""
+    from fastapi.openapi.utils import get_openapi
+
+    return get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
+                       description=app.description, routes=app.routes)
+
+
+def first_type(prop: dict[str, Any]) -> dict[str, Any]:
+    """``type`` = the first non-null member of ``anyOf`` (where the union has one)."""
+    members = [m.get("type") for m in prop.get("anyOf", ()) if isinstance(m, dict)]
+    first = next((t for t in members if isinstance(t, str) and t != "null"), None)
+    if first is None or prop.get("type") == first:
+        return prop
+    return {**prop, "type": first}
