@@ -10,7 +10,7 @@ from envfarm.farm._capability import RedactCredentials, mcp_credential, redact_p
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
 from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
 from envfarm.farm._fastpath import read_body, scope_header
-from envfarm.farm._http import error_response, install_error_handlers
+from envfarm.farm._http import error_response, health_response, install_error_handlers
 from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
@@ -24,7 +24,6 @@ from envfarm.farm._status import (
 )
 from envfarm.farm._tenants import (
     ANONYMOUS,
-    KEY_HEADER,
     Quota,
     Tenant,
     Tenants,
@@ -58,7 +57,6 @@ from envfarm.wire import (
 
 __all__ = [
     "ANONYMOUS",
-    "KEY_HEADER",
     "BadRequest",
     "BatchError",
     "BatchItem",
@@ -99,6 +97,7 @@ __all__ = [
     "error_response",
     "free_port",
     "hash_key",
+    "health_response",
     "install_error_handlers",
     "install_status_routes",
     "load_tenants",

@@ -14,7 +14,12 @@ from starlette.routing import Route
 
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import FastCall
-from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
+from envfarm.farm._http import (
+    BodyLimit,
+    bearer,
+    health_response,
+    install_error_handlers,
+)
 from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
@@ -91,9 +96,10 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         """Where this client reached the farm: the prefix of a lease's absolute mcp_url."""
         return core.config.public_url or str(request.base_url)
 
-    @app.get("/healthz", response_model=Health, tags=["farm"])
-    async def healthz() -> Health:
-        return core.health()
+    @app.get("/healthz", response_model=Health, tags=["farm"],
+             responses={503: {"model": Health, "description": "Not ready yet."}})
+    async def healthz() -> Response:
+        return health_response(core.health())
 
     @app.get("/metrics", tags=["farm"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
@@ -102,7 +108,7 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
 
     async def status() -> FarmStatus:
         return summarize_status([core.replica_status()], core.env_names(), "no-ray",
-                                open_farm=core.tenants.open)
+                                open_farm=core.tenants.open, ready=core.health().ready)
 
     install_status_routes(app, status)
 

@@ -24,6 +24,7 @@ from envfarm.errors import (
     http_status,
     status_kind,
 )
+from envfarm.wire import Health
 
 
 def error_response(exc: EnvfarmError) -> JSONResponse:
@@ -34,6 +35,13 @@ def error_response(exc: EnvfarmError) -> JSONResponse:
         # whole seconds, at least 1 (RFC 9110); the body keeps the exact figure
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers or None)
+
+
+def health_response(health: Health) -> JSONResponse:
+    """``/healthz``: 200 when ready, 503 with ``Retry-After`` before (probes read the status)."""
+    if health.ready:
+        return JSONResponse(health.model_dump())
+    return JSONResponse(health.model_dump(), status_code=503, headers={"Retry-After": "1"})
 
 
 def error_body(status: int, kind: ErrorKind, message: str, **extra: Any) -> JSONResponse:

@@ -97,6 +97,7 @@ class FarmStatus(_Model):
     tenants: list[TenantStatus] = Field(default_factory=list)
     open: bool | None = Field(default=None, description=(
         "Leases may be created without an API key (a loopback dev farm)."))
+    ready: bool | None = Field(default=None, description="What /healthz says (see Health).")
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -108,7 +109,8 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, *,
-                     unreachable: int = 0, open_farm: bool | None = None) -> FarmStatus:
+                     unreachable: int = 0, open_farm: bool | None = None,
+                     ready: bool | None = None) -> FarmStatus:
     """One view of the farm from every replica that answered; ``envs``: the envs served."""
     names = sorted(set(envs) | {p.env for r in replicas for p in r.pools})
     rows = []
@@ -139,7 +141,7 @@ def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, 
                       leases=sum(r.leases for r in replicas),
                       calls_per_s=round(sum(e.calls_per_s for e in rows), 3),
                       replicas=infos, unreachable=unreachable, envs=rows,
-                      tenants=_tenants(replicas), open=open_farm)
+                      tenants=_tenants(replicas), open=open_farm, ready=ready)
 
 
 def _tenants(replicas: list[ReplicaStatus]) -> list[TenantStatus]:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import re
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from envfarm._asgi import call_asgi
 from envfarm.catalog import load_catalog
 from envfarm.compose import compose_core
-from envfarm.errors import EnvNotFound
+from envfarm.errors import EnvNotFound, FarmNotReady
 from envfarm.farm import (
     BatchError,
     BatchItem,
@@ -33,12 +34,14 @@ from envfarm.farm import (
     FarmConfig,
     FarmCore,
     FarmStatus,
+    Health,
     JSONGuard,
     LeaseRequest,
     RedactCredentials,
     ReplicaStatus,
     build_app,
     error_response,
+    health_response,
     install_error_handlers,
     install_status_routes,
     merge_exposition,
@@ -60,6 +63,11 @@ class _FullPath:
         if scope["type"] in ("http", "websocket") and scope.get("root_path"):
             scope = dict(scope, root_path="")
         await self._asgi(scope, receive, send)
+
+
+#: Apps named so have their own route prefix (``/envs/<env>``); packed ones are reached through
+#: the front (see ``envfarm.serve._build.plan``).
+OWN_APP_PREFIX = "env-"
 
 
 def _owner_tag() -> str:
@@ -159,6 +167,7 @@ class Front:
         self.routes = {env: tuple(where) for env, where in deployments.items()}
         self.replicas = replicas
         self._handles: dict[tuple[str, str], Any] = {}
+        self._health: tuple[float, Health] | None = None
         self._asgi = self._build()
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
@@ -194,9 +203,10 @@ class Front:
         schema = build_app(FarmCore(self.config.with_envs([]), catalog=self.catalog)).openapi()
         app.openapi = lambda: schema  # type: ignore[method-assign]
 
-        @app.get("/healthz")
-        async def healthz() -> dict[str, Any]:
-            return {"status": "ok", "envs": sorted(served)}
+        @app.get("/healthz", response_model=Health,
+                 responses={503: {"model": Health, "description": "Not ready yet."}})
+        async def healthz() -> Response:
+            return health_response(await self.health())
 
         @app.get("/envs", response_model=list[EnvSummary])
         async def envs() -> list[EnvSummary]:
@@ -216,7 +226,8 @@ class Front:
             return summarize_status(list(replicas.values()), sorted(served), "serve",
                                     unreachable=sum(isinstance(a, BaseException)
                                                     for a in answers),
-                                    open_farm=not self.config.tenants.require_key)
+                                    open_farm=not self.config.tenants.require_key,
+                                    ready=(await self.health()).ready)
 
         install_status_routes(app, status)
 
@@ -227,11 +238,16 @@ class Front:
         @app.api_route("/envs/{env}", methods=["GET"])
         @app.api_route("/envs/{env}/{rest:path}", methods=["GET", "POST", "DELETE"])
         async def forward(request: Request, env: str, rest: str = "") -> Response:
-            # Only packed envs get here: an env with its own app matches a longer route prefix.
+            # Only packed envs get here once the farm is up: an env with its own app matches a
+            # longer route prefix, except while that app is not routable yet.
             try:
                 handle = self.handle(env)
             except EnvNotFound as exc:
                 return error_response(exc)
+            if self.routes[env][0].startswith(OWN_APP_PREFIX):
+                return error_response(FarmNotReady(
+                    f"env {env!r} is starting: not routable yet; retry", env=env,
+                    retry_after_s=1.0))
             fwd = ForwardedRequest(method=request.method, path=request.url.path,
                                    query_string=request.url.query.encode(),
                                    headers=list(request.scope["headers"]),
@@ -242,6 +258,34 @@ class Front:
             return Response(res.body, status_code=res.status, headers=headers)
 
         return app
+
+    async def health(self) -> Health:
+        """Ready when every env's app runs and answers with warm instances (cached 1 s)."""
+        now = time.monotonic()
+        if self._health is not None and now - self._health[0] < 1.0:
+            return self._health[1]
+        apps = (await asyncio.to_thread(serve.status)).applications
+        waiting = [f"app {name}: {apps[name].status if name in apps else 'not deployed'}"
+                   for name in sorted({where[0] for where in self.routes.values()})
+                   if name not in apps or apps[name].status != "RUNNING"]
+        answers: list[Any] = []
+        if not waiting:
+            try:
+                answers = await asyncio.wait_for(self.on_every_replica("replica_status"), 5)
+            except TimeoutError:
+                waiting.append("pool replicas did not answer within 5 s")
+        replicas = [ReplicaStatus.model_validate(a) for a in answers if isinstance(a, dict)]
+        warm = {p.env for r in replicas for p in r.pools
+                if p.free + p.leased + p.resetting or not p.warm_target}
+        if replicas or not waiting:
+            waiting += [f"{env}: no warm instance" for env in sorted(self.routes)
+                        if env not in warm]
+        health = Health(status="ok" if not waiting else "starting", ready=not waiting,
+                        waiting_for=waiting, owner="front", envs=sorted(self.routes),
+                        leases_active=sum(r.leases for r in replicas),
+                        free_instances=sum(p.free for r in replicas for p in r.pools))
+        self._health = (now, health)
+        return health
 
     async def on_every_replica(self, method: str) -> list[Any]:
         """Call a method on every pool replica (by index, up to each app's replica count;

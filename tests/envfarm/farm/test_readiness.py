@@ -1,0 +1,38 @@
+"""Readiness: /healthz (and the status page) say ready only when every env has warm instances;
+before that /healthz answers 503 with Retry-After (what probes read)."""
+
+from __future__ import annotations
+
+from tests.envfarm.farm.conftest import ENV, farm_client
+
+
+async def test_ready_when_every_env_has_warm_instances(core):
+    async with farm_client(core) as c:
+        r = await c.get("/healthz")
+        assert r.status_code == 200
+        assert r.json()["ready"] is True and r.json()["waiting_for"] == []
+        assert (await c.get("/status.json")).json()["ready"] is True
+
+
+async def test_not_ready_before_warm_up_answers_503_with_retry_after(core):
+    pool = core.pools[ENV]
+    cold = list(pool._free)
+    pool._free.clear()  # as before the pool is filled
+    async with farm_client(core) as c:
+        r = await c.get("/healthz")
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert r.json()["ready"] is False
+        assert r.json()["waiting_for"] == [f"{ENV}: no warm instance"]
+        assert (await c.get("/status.json")).json()["ready"] is False
+        pool._free.extend(cold)
+        assert (await c.get("/healthz")).status_code == 200
+
+
+async def test_a_busy_farm_stays_ready(make_core):
+    from envfarm.farm import PoolConfig
+
+    core = make_core(pool=PoolConfig(warm=1, max_instances=1))
+    async with farm_client(core) as c:
+        assert (await c.post(f"/envs/{ENV}/leases", json={})).status_code == 201
+        assert (await c.post(f"/envs/{ENV}/leases", json={})).status_code == 503  # full
+        assert (await c.get("/healthz")).json()["ready"] is True  # full is not starting
