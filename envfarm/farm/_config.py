@@ -62,8 +62,9 @@ class FarmConfig(BaseModel):
         "Base URL clients reach the farm at, for the absolute mcp_url of a lease; None: the "
         "URL the lease request came to."))
     tool_schemas: ToolRendering = Field(default="fastapi-mcp", description=(
-        "How tools are listed to agents: as AWM's server (fastapi-mcp) renders them, which "
-        "models trained on AWM know, or the runtime's plain merged schemas."))
+        "How MCP lists tools: as AWM's server (fastapi-mcp) renders them, which models "
+        "trained on AWM know and AWM's client reads, or the runtime's exact merged schemas "
+        "(what HTTP /tools always lists)."))
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))

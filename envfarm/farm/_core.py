@@ -121,7 +121,7 @@ class FarmCore:
                 continue
             self.runtimes[name] = runtime
             self.pools[name] = InstancePool(runtime, config.pool_for(name))
-        #: the tools as listed to agents (HTTP and MCP), per env
+        #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas)
         self.tool_specs = {name: render_tools(rt, config.tool_schemas)
                            for name, rt in self.runtimes.items()}
         self.leases: dict[str, LeaseRecord] = {}
@@ -194,7 +194,7 @@ class FarmCore:
         summary = self._summary(self.catalog[name].name)
         runtime = self.runtimes.get(name)
         return EnvDetail(**summary.model_dump(), task_list=list(self.catalog[name].tasks),
-                         tools=self.tool_specs[name] if runtime else [],
+                         tools=runtime.tools if runtime else [],
                          pool=self.pools[name].stats() if runtime else None)
 
     def runtime(self, env: str) -> EnvRuntime:
@@ -358,7 +358,7 @@ class FarmCore:
     # -- per-lease operations -------------------------------------------------------------------
     def tools(self, lease: LeaseRecord) -> list[ToolSpec]:
         lease.agent_requests += 1
-        return self.tool_specs[lease.env]
+        return lease.instance.tools
 
     async def call(self, lease: LeaseRecord, tool: str, arguments: dict) -> CallResult:
         lease.agent_requests += 1

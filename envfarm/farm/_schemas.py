@@ -5,7 +5,12 @@ parameter has a top-level ``type`` (an optional field, ``anyOf: [{type: X}, {typ
 also says ``type: X``; without it a client shows "unknown"), titles are the parameter names,
 and a description is the summary, the description and the success response with an example.
 ``rendering="fastapi-mcp"`` (the default) lists tools through fastapi-mcp's own converter, run
-on the env's OpenAPI; ``"envfarm"`` lists the runtime's plain merged schemas. One deviation:
+on the env's OpenAPI; ``"envfarm"`` lists the runtime's plain merged schemas.
+
+Only MCP lists them so (what AWM's client reads). HTTP ``/tools`` keeps the runtime's exact
+schemas: a ``type`` beside ``anyOf`` makes ``null`` invalid under JSON Schema although the env
+accepts it, and trainers validate agents' arguments against the listing (the reference
+solution of project_management_1 task 6 passes ``assignee_id: null``). One deviation:
 for a union of several non-null types fastapi-mcp picks one from a ``set`` (its order varies
 between processes, so replicas would disagree); here it is the first, as the union lists them.
 """
@@ -25,7 +30,7 @@ ToolRendering = Literal["fastapi-mcp", "envfarm"]
 
 
 def render_tools(runtime: EnvRuntime, rendering: ToolRendering = "fastapi-mcp") -> list[ToolSpec]:
-    """The env's tools as listed to agents (HTTP ``/tools`` and MCP ``tools/list``)."""
+    """The env's tools as MCP ``tools/list`` lists them."""
     if rendering == "envfarm":
         return runtime.tools
     with warnings.catch_warnings():  # fastapi-mcp 0.4.0 trips pydantic's deprecations

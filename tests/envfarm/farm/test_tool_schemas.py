@@ -46,8 +46,8 @@ async def served_tools(catalog, env: str) -> dict[str, dict[str, Any]]:
             "Authorization": f"Bearer {info['token']}"})).json()
     listed = {t["name"]: {"description": t["description"], "inputSchema": t["inputSchema"]}
               for t in r.json()["result"]["tools"]}
-    assert {t["name"]: t["input_schema"] for t in http_tools} == {
-        n: t["inputSchema"] for n, t in listed.items()}  # HTTP and MCP list the same
+    runtime_tools = {t.name: t.input_schema for t in core.runtimes[env].tools}
+    assert {t["name"]: t["input_schema"] for t in http_tools} == runtime_tools  # exact, on HTTP
     return listed
 
 
