@@ -196,14 +196,22 @@ def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port:
 def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
                port: int, address: str | None = None, proxy: str = "haproxy",
                access_log: bool = False) -> None:
-    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+    from envfarm.serve import (
+        DeploymentOptions,
+        Descendants,
+        ServeOptions,
+        shielded_start,
+        start_farm,
+        stop_within,
+    )
 
     options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
                            deployment=DeploymentOptions(num_replicas=replicas,
                                                         access_log=access_log))
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
-    farm = start_farm(config, options, address=address)
+    watch = Descendants()
+    farm = shielded_start(lambda: start_farm(config, options, address=address))
     ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
                   f"envs in {len(farm.plans)} deployments, {ready} instances ready "
@@ -213,11 +221,12 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    while not stop.wait(1.0):
+        watch.look()  # Ray starts workers (and HAProxy reloads) as it goes
     console.print("shutting down ...")
-    farm.shutdown()
-    console.print("stopped")
+    left = stop_within(farm.shutdown, watch)
+    console.print("stopped" + (f" (ended {len(left)} leftover processes: "
+                               f"{', '.join(sorted(set(left)))})" if left else ""))
 
 
 def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
@@ -250,12 +259,25 @@ def demo(catalog: CatalogOpt = None,
         url, stop = local.url, local.stop
         console.print(f"farm (no Ray) up on {url} with {len(local.core.runtimes)} envs")
     else:
-        from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+        from envfarm.serve import (
+            DeploymentOptions,
+            Descendants,
+            ServeOptions,
+            shielded_start,
+            start_farm,
+            stop_within,
+        )
 
         console.print("starting the farm on an embedded local Ray ...")
-        running = start_farm(config, ServeOptions(port=port, num_cpus=2, proxy=proxy.value,
-                                                  deployment=DeploymentOptions(num_replicas=1)))
-        url, stop = running.url, running.shutdown
+        watch = Descendants()
+        running = shielded_start(lambda: start_farm(config, ServeOptions(
+            port=port, num_cpus=2, proxy=proxy.value,
+            deployment=DeploymentOptions(num_replicas=1))))
+        watch.look()
+        url = running.url
+
+        def stop() -> None:
+            stop_within(running.shutdown, watch)
         console.print(f"farm up on {url} ({running.proxy} ingress) with "
                       f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
