@@ -196,22 +196,14 @@ def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port:
 def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
                port: int, address: str | None = None, proxy: str = "haproxy",
                access_log: bool = False) -> None:
-    from envfarm.serve import (
-        DeploymentOptions,
-        Descendants,
-        ServeOptions,
-        shielded_start,
-        start_farm,
-        stop_within,
-    )
+    from envfarm.serve import DeploymentOptions, ServeOptions, stop_within
 
     options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
                            deployment=DeploymentOptions(num_replicas=replicas,
                                                         access_log=access_log))
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
-    watch = Descendants()
-    farm = shielded_start(lambda: start_farm(config, options, address=address))
+    farm, watch = _start_serve(config, options, address)
     ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
                   f"envs in {len(farm.plans)} deployments, {ready} instances ready "
@@ -227,6 +219,18 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     left = stop_within(farm.shutdown, watch)
     console.print("stopped" + (f" (ended {len(left)} leftover processes: "
                                f"{', '.join(sorted(set(left)))})" if left else ""))
+
+
+def _start_serve(config: FarmConfig, options: Any, address: str | None = None
+                 ) -> tuple[Any, Any]:
+    """The farm on Serve, its processes started deaf to a terminal's Ctrl-C, and a watch on
+    them (see envfarm.serve._stop)."""
+    from envfarm.serve import Descendants, shielded_start, start_farm
+
+    watch = Descendants()
+    farm = shielded_start(lambda: start_farm(config, options, address=address))
+    watch.look()
+    return farm, watch
 
 
 def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
@@ -259,21 +263,12 @@ def demo(catalog: CatalogOpt = None,
         url, stop = local.url, local.stop
         console.print(f"farm (no Ray) up on {url} with {len(local.core.runtimes)} envs")
     else:
-        from envfarm.serve import (
-            DeploymentOptions,
-            Descendants,
-            ServeOptions,
-            shielded_start,
-            start_farm,
-            stop_within,
-        )
+        from envfarm.serve import DeploymentOptions, ServeOptions, stop_within
 
         console.print("starting the farm on an embedded local Ray ...")
-        watch = Descendants()
-        running = shielded_start(lambda: start_farm(config, ServeOptions(
+        running, watch = _start_serve(config, ServeOptions(
             port=port, num_cpus=2, proxy=proxy.value,
-            deployment=DeploymentOptions(num_replicas=1))))
-        watch.look()
+            deployment=DeploymentOptions(num_replicas=1)))
         url = running.url
 
         def stop() -> None:

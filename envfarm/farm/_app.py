@@ -16,6 +16,8 @@ from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import FastCall
 from envfarm.farm._http import (
     BodyLimit,
+    Drain,
+    Draining,
     bearer,
     health_response,
     install_error_handlers,
@@ -86,6 +88,8 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         app.add_middleware(FastCall, core=core)  # inside BodyLimit: oversized bodies get 413
     app.add_middleware(JSONGuard)  # hostile JSON: 400 before any route parses it
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
+    app.state.drain = Drain()  # a stop waits for requests in flight (PoolReplica.drain)
+    app.add_middleware(Draining, state=app.state.drain)
     app.state.core = core
     app.state.mcp = mcp
 

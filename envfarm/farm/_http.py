@@ -6,6 +6,7 @@ SDK read); this module only renders ``{"error": {kind, message, ...}}`` bodies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -20,6 +21,7 @@ from envfarm.errors import (
     BadRequest,
     EnvfarmError,
     ErrorKind,
+    FarmNotReady,
     PayloadTooLarge,
     http_status,
     status_kind,
@@ -124,6 +126,48 @@ class BodyLimit:
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(PayloadTooLarge(self._message(), limit=self.limit))
         await response(scope, receive, send)
+
+
+class Drain:
+    """Requests in flight, and whether the farm is stopping (see ``Draining``)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.in_flight = 0
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests and wait up to ``timeout_s`` for the in-flight ones; how many
+        were still running at the end."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return self.in_flight
+
+
+class Draining:
+    """Counts requests in flight; once stopping, answers new ones 503 (with ``Retry-After``
+    and ``Connection: close``) so a stop can wait for the in-flight ones to be answered."""
+
+    def __init__(self, app: ASGIApp, state: Drain) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.state.stopping:
+            response = error_response(FarmNotReady("the farm is stopping", retry_after_s=1.0))
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
 
 
 def bearer(request: Request) -> str | None:

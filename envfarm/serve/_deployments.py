@@ -104,6 +104,7 @@ class PoolReplica:
         # Serve's access log (--access-log) prints paths: keep MCP credentials out of it.
         logging.getLogger("ray.serve").addFilter(RedactCredentials())
         app = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
+        self._drain = app.state.drain
         self._pool: Any = None
         self._asgi = ToOwner(app, self.core.owner, self._own_pool)
 
@@ -145,6 +146,10 @@ class PoolReplica:
         """This replica's part of the status page (the front merges them)."""
         app = serve.get_replica_context().app_name
         return self.core.replica_status(app).model_dump()
+
+    async def drain(self, owner: str, timeout_s: float = 3.0) -> int:
+        """Refuse new requests (503) and wait for those in flight: the farm is stopping."""
+        return await self._drain.drain(timeout_s)
 
     async def whoami(self, owner: str) -> dict[str, Any]:
         """Owner tag and process id of this replica (tests, operators)."""
@@ -295,6 +300,16 @@ class Front:
                             owner=f"{INDEX_PREFIX}{i}")
                  for where in apps for i in range(self.replicas.get(where[0], 1))]
         return await asyncio.gather(*calls, return_exceptions=True)
+
+    async def drain(self, timeout_s: float = 3.0) -> int:
+        """Drain every pool replica at once (before Serve shuts down); requests still in
+        flight at the end (a replica that did not answer counts 1)."""
+        answers = await asyncio.gather(*(
+            fresh_call(self.handle_for(where).drain, owner=f"{INDEX_PREFIX}{i}",
+                       timeout_s=timeout_s)
+            for where in dict.fromkeys(self.routes.values())
+            for i in range(self.replicas.get(where[0], 1))), return_exceptions=True)
+        return sum(a if isinstance(a, int) else 1 for a in answers)
 
     async def routes_table(self) -> dict[str, tuple[str, str]]:
         """env -> (app, deployment): how in-cluster clients find the pools."""

@@ -5,8 +5,10 @@ Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so Ray'
 driver to wait on a Serve that is gone. ``shielded_start`` starts them with SIGINT ignored (a
 disposition that survives exec, and that Python keeps), so only the driver hears Ctrl-C and
 shuts Serve down in order: in-flight requests are answered, then Ray stops. ``stop_within``
-bounds that, then ends whatever process the farm started that is still alive (a process
-reparented away from us, an HAProxy left by a reload) by the handles taken while it ran.
+bounds that (Serve's own shutdown first drains: in-flight requests are answered, new ones get
+503, see ``RunningFarm.shutdown``), then ends whatever process the farm started that is still
+alive (reparented away from us, an HAProxy left by a reload) by the handles taken while it
+ran. A terminal's Ctrl-C during start-up waits for the start to finish.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Descendants:
         return names
 
 
-def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: float = 6.0
+def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: float = 5.0
                 ) -> list[str]:
     """Run ``shutdown`` for at most ``deadline_s``, then end what is left; names of what was."""
     watch.look()
@@ -89,4 +91,4 @@ def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: fl
     threading.Thread(target=run, name="envfarm-stop", daemon=True).start()
     if not done.wait(deadline_s):
         log.warning("farm shutdown took over %.0f s; ending its processes", deadline_s)
-    return watch.end()
+    return watch.end(grace_s=1.5)
