@@ -216,9 +216,18 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     while not stop.wait(1.0):
         watch.look()  # Ray starts workers (and HAProxy reloads) as it goes
     console.print("shutting down ...")
-    left = stop_within(farm.shutdown, watch)
+    left, finished = stop_within(farm.shutdown, watch)
     console.print("stopped" + (f" (ended {len(left)} leftover processes: "
                                f"{', '.join(sorted(set(left)))})" if left else ""))
+    if not finished:
+        _leave_now()
+
+
+def _leave_now(code: int = 0) -> None:
+    """Exit at once: Ray's exit hooks would wait on the processes the stop just ended."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _start_serve(config: FarmConfig, options: Any, address: str | None = None
@@ -258,6 +267,7 @@ def demo(catalog: CatalogOpt = None,
     """Start the farm, run one reference episode (lease, tools, solution, verify, release), stop."""
     config = _config(catalog, None, warm=2)
     name, idx, solution, answer = _pick_task(config, env, task)
+    clean = [True]  # False: a Ray stop was cut short, leave with os._exit (see _leave_now)
     if no_ray:
         local = LocalFarm(config, port=port).start()
         url, stop = local.url, local.stop
@@ -272,14 +282,21 @@ def demo(catalog: CatalogOpt = None,
         url = running.url
 
         def stop() -> None:
-            stop_within(running.shutdown, watch)
+            clean[0] = stop_within(running.shutdown, watch)[1]
         console.print(f"farm up on {url} ({running.proxy} ingress) with "
                       f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
         report = asyncio.run(_demo_episode(url, name, idx, solution, answer))
-    finally:
+    except KeyboardInterrupt:
         stop()
+        console.print("interrupted")
+        if not clean[0]:
+            _leave_now(130)
+        raise typer.Exit(130) from None
+    stop()
     _print_report(report)
+    if not clean[0]:
+        _leave_now(0 if report.verdict.valid else 1)
     if not report.verdict.valid:
         raise typer.Exit(1)
 

@@ -75,8 +75,10 @@ class Descendants:
 
 
 def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: float = 5.0
-                ) -> list[str]:
-    """Run ``shutdown`` for at most ``deadline_s``, then end what is left; names of what was."""
+                ) -> tuple[list[str], bool]:
+    """Run ``shutdown`` for at most ``deadline_s``, then end what is left: (names of what was
+    left, whether ``shutdown`` finished). When it did not, Ray's exit hooks would wait on the
+    processes just ended: the caller should leave with ``os._exit``."""
     watch.look()
     done = threading.Event()
 
@@ -89,6 +91,7 @@ def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: fl
             done.set()
 
     threading.Thread(target=run, name="envfarm-stop", daemon=True).start()
-    if not done.wait(deadline_s):
+    finished = done.wait(deadline_s)
+    if not finished:
         log.warning("farm shutdown took over %.0f s; ending its processes", deadline_s)
-    return watch.end(grace_s=1.5)
+    return watch.end(grace_s=1.5), finished

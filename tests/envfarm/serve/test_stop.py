@@ -57,11 +57,11 @@ def test_serve_stops_within_10_s_and_leaves_nothing(how, tmp_path):
         pytest.skip("Ray tests run inside a private network namespace")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", "2",
-         "--port", str(port)], cwd=REPO, start_new_session=True,  # its own group, as in a shell
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=(tmp_path / "out").open("w"),
-        stderr=subprocess.STDOUT)
+    with (tmp_path / "out").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", "2",
+             "--port", str(port)], cwd=REPO, start_new_session=True,  # own group, as a shell
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
     family: dict[int, psutil.Process] = {}
     try:
         deadline = time.monotonic() + 180
