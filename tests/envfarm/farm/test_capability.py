@@ -7,8 +7,12 @@ of tools/list, prompts/list, resources/list, tools/call), here with the official
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,3 +159,34 @@ def test_public_url_sets_the_prefix(bundled_catalog):
     with LocalFarm(config) as running:
         info = new_lease(running)
     assert info["mcp_url"].startswith(f"https://farm.example/envs/{ENV}/leases/")
+
+
+MCP_AGENT_PYTHON = os.environ.get("ENVFARM_MCP_AGENT_PYTHON")
+
+
+@pytest.mark.skipif(not MCP_AGENT_PYTHON, reason=(
+    "mcp-agent 0.2.6 (AWM's client) needs mcp<2, which this venv cannot hold: set "
+    "ENVFARM_MCP_AGENT_PYTHON to the python of a venv with mcp-agent==0.2.6 'mcp<2' "
+    "(see tests/envfarm/farm/awm_client.py)"))
+def test_awm_client_mcp_agent_runs_an_episode_from_the_url(farm, bundled_catalog):
+    info = new_lease(farm, task_idx=0)
+    steps = [{"tool": s.tool, "arguments": s.arguments} for s in bundled_catalog[ENV].solutions[0]]
+    proc = subprocess.Popen([MCP_AGENT_PYTHON, str(Path(__file__).with_name("awm_client.py")),
+                             info["mcp_url"], json.dumps(steps)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:  # mcp-agent 0.2.6 may linger after its app exits: read up to "done", then end it
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "done":
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert lines[-1] == "done", lines
+    assert any(line.startswith("tools ") and int(line.split()[1]) > 0 for line in lines)
+    assert [line for line in lines if line.startswith("call")] == [
+        f"call {s['tool']} ok" for s in steps]
+    verdict = httpx.post(lease_path(farm, info) + "/verify", headers=auth(info)).json()
+    assert (verdict["outcome"], verdict["reward"], verdict["valid"]) == ("completed", 1.0, True)
