@@ -280,8 +280,7 @@ class Front:
             except TimeoutError:
                 waiting.append("pool replicas did not answer within 5 s")
         replicas = [ReplicaStatus.model_validate(a) for a in answers if isinstance(a, dict)]
-        warm = {p.env for r in replicas for p in r.pools
-                if p.free + p.leased + p.resetting or not p.warm_target}
+        warm = {p.env for r in replicas for p in r.pools}  # a replica answers once filled
         if replicas or not waiting:
             waiting += [f"{env}: no warm instance" for env in sorted(self.routes)
                         if env not in warm]
