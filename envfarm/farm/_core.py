@@ -248,43 +248,21 @@ class FarmCore:
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
-                           key: str | None = None, *, tenant: str | None = None) -> LeaseInfo:
-        """``key``: the caller's farm API key (``tenant``: already identified and admitted)."""
-        started = time.perf_counter()
-        served = self.served(env)
-        name = served.name
-        admitted = tenant is not None
-        tenant = tenant or self.tenants.identify(key)
-        if req.idempotency_key is not None:
-            known = self._idempotent.get((tenant, name, req.idempotency_key))
-            if known is not None and known in self.leases:
-                return self._info(self.leases[known], mcp_prefix)
-        tasks = served.bundle.tasks
-        if req.task_idx is not None and req.task_idx >= len(tasks):
-            raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
-                               env=name, task_idx=req.task_idx)
-        if not admitted:
-            self.tenants.admit_leases(tenant)
-        policy = self.config.leases
-        ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
-        instance = await served.acquire()
-        if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
-            known = self._idempotent.get((tenant, name, req.idempotency_key))
-            if known is not None and known in self.leases:
-                served.release(instance)
-                return self._info(self.leases[known], mcp_prefix)
-        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
-                            token=secrets.token_urlsafe(24), instance=instance,
-                            task_idx=req.task_idx, expires_at=time.time() + ttl,
-                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
-                            idempotency_key=req.idempotency_key, tenant=tenant)
-        self.leases[lease.lease_id] = lease
-        self.tenants.opened(tenant)
-        if req.idempotency_key is not None:
-            self._idempotent[(tenant, name, req.idempotency_key)] = lease.lease_id
-        self.metrics.lease_events.labels(name, "created").inc()
-        self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
-        return self._info(lease, mcp_prefix)
+                           key: str | None = None) -> LeaseInfo:
+        """``key``: the caller's farm API key."""
+        tenant = self.tenants.identify(key)
+        name = self.served(env).name  # unknown env: 404 before any quota is used
+        known = self._idempotent.get((tenant, name, req.idempotency_key or ""))
+        if known is not None and known in self.leases:  # a repeat: no quota used
+            return self._info(self.leases[known], mcp_prefix)
+        self.tenants.admit_leases(tenant)  # reserves one lease of the tenant's quota
+        opened = False
+        try:
+            info, opened = await self._open(env, req, mcp_prefix, tenant)
+            return info
+        finally:
+            if not opened:
+                self.tenants.unreserve(tenant, 1)
 
     async def create_leases(self, env: str, req: LeaseRequest, count: int,
                             mcp_prefix: str = "", key: str | None = None) -> list[LeaseInfo]:
@@ -297,8 +275,52 @@ class FarmCore:
         fresh = sum(k is None or self._idempotent.get((tenant, name, k)) not in self.leases
                     for k in keys)
         self.tenants.admit_leases(tenant, fresh)
-        return [await self.create_lease(env, req.model_copy(update={"idempotency_key": k}),
-                                        mcp_prefix, tenant=tenant) for k in keys]
+        out, opened = [], 0
+        try:
+            for k in keys:
+                info, new = await self._open(
+                    env, req.model_copy(update={"idempotency_key": k}), mcp_prefix, tenant)
+                out.append(info)
+                opened += new
+        finally:
+            self.tenants.unreserve(tenant, fresh - opened)
+        return out
+
+    async def _open(self, env: str, req: LeaseRequest, mcp_prefix: str, tenant: str
+                    ) -> tuple[LeaseInfo, bool]:
+        """A lease for an admitted request: (its info, whether it is new); an idempotent
+        repeat gets the lease its key made."""
+        started = time.perf_counter()
+        served = self.served(env)
+        name = served.name
+        if req.idempotency_key is not None:
+            known = self._idempotent.get((tenant, name, req.idempotency_key))
+            if known is not None and known in self.leases:
+                return self._info(self.leases[known], mcp_prefix), False
+        tasks = served.bundle.tasks
+        if req.task_idx is not None and req.task_idx >= len(tasks):
+            raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
+                               env=name, task_idx=req.task_idx)
+        policy = self.config.leases
+        ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
+        instance = await served.acquire()
+        if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
+            known = self._idempotent.get((tenant, name, req.idempotency_key))
+            if known is not None and known in self.leases:
+                served.release(instance)
+                return self._info(self.leases[known], mcp_prefix), False
+        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
+                            token=secrets.token_urlsafe(24), instance=instance,
+                            task_idx=req.task_idx, expires_at=time.time() + ttl,
+                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
+                            idempotency_key=req.idempotency_key, tenant=tenant)
+        self.leases[lease.lease_id] = lease
+        self.tenants.opened(tenant)
+        if req.idempotency_key is not None:
+            self._idempotent[(tenant, name, req.idempotency_key)] = lease.lease_id
+        self.metrics.lease_events.labels(name, "created").inc()
+        self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
+        return self._info(lease, mcp_prefix), True
 
     def _info(self, lease: LeaseRecord, mcp_prefix: str) -> LeaseInfo:
         task = None

@@ -144,6 +144,9 @@ class _Bucket:
 class _Usage:
     quota: Quota
     leases: int = 0
+    #: Leases admitted and not yet open (placing one on a worker may wait): counted against
+    #: max_leases too, so concurrent requests cannot all pass the check.
+    reserved: int = 0
     created: int = 0
     calls: int = 0
     refused: dict[str, int] = field(default_factory=dict)
@@ -188,7 +191,7 @@ class Tenants:
         """Count ``count`` new leases against the tenant's quota, or raise 429."""
         usage = self.usage[tenant]
         limit = usage.quota.max_leases
-        if limit is not None and usage.leases + count > limit:
+        if limit is not None and usage.leases + usage.reserved + count > limit:
             self._refuse(usage, tenant, "max_leases", 1.0,
                          f"tenant {tenant!r} holds {usage.leases} of its {limit} live leases; "
                          "release some")
@@ -198,6 +201,7 @@ class Tenants:
                 self._refuse(usage, tenant, "leases_per_s", wait,
                              f"tenant {tenant!r} creates leases faster than its "
                              f"{usage.quota.leases_per_s:g}/s")
+        usage.reserved += count
 
     def admit_call(self, tenant: str) -> None:
         usage = self.usage[tenant]
@@ -211,8 +215,14 @@ class Tenants:
 
     def opened(self, tenant: str) -> None:
         usage = self.usage[tenant]
+        usage.reserved = max(usage.reserved - 1, 0)
         usage.leases += 1
         usage.created += 1
+
+    def unreserve(self, tenant: str, count: int) -> None:
+        """Give back admitted leases that were not opened (an error, an idempotent repeat)."""
+        usage = self.usage[tenant]
+        usage.reserved = max(usage.reserved - count, 0)
 
     def closed(self, tenant: str) -> None:
         self.usage[tenant].leases -= 1

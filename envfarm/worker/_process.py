@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,23 @@ class WorkerLost(Exception):
 
 class WorkerStartError(Exception):
     """The worker did not start, or the env's code did not load in it."""
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _exit_reason(code: int | None) -> str:
@@ -73,6 +91,8 @@ class WorkerProcess:
             env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             close_fds=True, start_new_session=True, cwd="/").result()
         self.pid = self.proc.pid
+        # A front that drops its handle (or exits) without stopping the worker still ends it.
+        self._reaper = weakref.finalize(self, _end, self.proc)
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
@@ -230,15 +250,7 @@ class WorkerProcess:
             if transport is not None and not transport.is_closing():
                 transport.close()  # the process is dead: nothing buffered can be delivered
         self._out = self._in = None
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        self._reaper()  # waits for it, closes the pipes
 
     def alive(self) -> bool:
         return self.lost is None and self.proc.poll() is None
