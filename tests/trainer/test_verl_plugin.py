@@ -106,8 +106,10 @@ def test_example_config_composes_with_verls_defaults():
     with initialize_config_dir(config_dir=str(path.parent), version_base=None):
         cfg = compose(config_name=path.stem)
     assert cfg.algorithm.adv_estimator == "grpo"
-    assert cfg.actor_rollout_ref.rollout.n == 8
+    assert cfg.actor_rollout_ref.rollout.n == 16
     assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0.001
+    assert cfg.algorithm.rollout_correction.rollout_is == "sequence"
+    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4
     assert cfg.actor_rollout_ref.rollout.prompt_length == 6144  # interpolated from data.*
 
 
