@@ -167,13 +167,15 @@ class EnvfarmAgentLoop(AgentLoopBase):
     ``null``: whole history); ``max_turns`` (20); ``max_turn_tokens`` (capped by
     ``rollout.response_length``); ``policy``: ``server`` (verl's LLM servers, the default) or
     ``scripted`` (replay reference solutions: a model-free smoke run of the whole pipeline);
-    ``gate_timeout_s``; ``farm`` (an SDK ``Farm``, for embedding).
+    ``gate_timeout_s``; ``tool_listing`` (``full``; ``compact`` for small models' contexts);
+    ``max_tool_chars``; ``farm`` (an SDK ``Farm``, for embedding).
     """
 
     def __init__(self, *args: Any, farm_url: str = "http://127.0.0.1:8000",
                  window: int | None = DEFAULT_WINDOW, max_turns: int = 20,
                  max_turn_tokens: int | None = None, policy: str = "server",
                  gate_timeout_s: float = 1800.0, farm: Farm | None = None,
+                 tool_listing: str = "full", max_tool_chars: int = 8000,
                  name: str | None = None, **kwargs: Any) -> None:
         wrapped = kwargs.get("trainer_config", args[0] if args else None)
         trainer_cfg = getattr(wrapped, "config", {}).get("trainer", {}) or {}
@@ -186,7 +188,9 @@ class EnvfarmAgentLoop(AgentLoopBase):
         self.farm_url = farm_url
         self.farm = farm
         self.policy_kind = policy
-        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window)
+        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window,
+                                            tool_listing=tool_listing,
+                                            max_tool_chars=max_tool_chars)
         limit = int(self.rollout_config.response_length)
         self.max_turn_tokens = min(limit, max_turn_tokens or limit)
         self.gate_timeout_s = gate_timeout_s
