@@ -58,8 +58,9 @@ class TrainConfig(BaseModel):
     window: int | None = Field(default=3, description="history window w; None: whole history")
     max_turns: int = Field(default=20, ge=1)
     max_tool_chars: int = Field(default=8000, ge=100, description="cut longer tool results")
-    tool_listing: str = Field(default="full", pattern="^(full|compact)$",
-                              description="compact: short list_tools answers (small models)")
+    tool_listing: str = Field(default="full", pattern="^(full|compact|names)$",
+                              description="compact: short list_tools answers (small models); "
+                              "names: tool names only (tiny CPU models)")
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")

@@ -76,7 +76,7 @@ def test_clipped_policy_gradient_by_hand(ratio, adv, pg, clipped):
 def test_kl_is_k3_of_pi_against_the_reference():
     """k3 with delta = log ref - log pi: exp(delta) - delta - 1 (the reversed direction gives
     exp(-delta) + delta - 1 = 0.1065 here, not 0.1487)."""
-    per_token, pg, kl, _ = _loss(1.0, 1.0, ref_minus_logp=0.5)
+    per_token, _, kl, _ = _loss(1.0, 1.0, ref_minus_logp=0.5)
     assert float(kl) == pytest.approx(math.exp(0.5) - 0.5 - 1, rel=1e-5)
     assert float(per_token) == pytest.approx(-1.0 + 0.001 * (math.exp(0.5) - 1.5), rel=1e-5)
     # the KL pulls pi towards the reference: its gradient raises log pi when ref is above
@@ -193,7 +193,7 @@ def test_loss_sees_only_completion_tokens(model_and_tokenizer):
     s = _group(tokenizer)[0]
     from trainer.grpo import _batch
 
-    ids, attn, where, targets = _batch([s], tokenizer.pad_token_id, "cpu")
+    _, _, where, targets = _batch([s], tokenizer.pad_token_id, "cpu")
     assert targets.tolist() == s.completion_ids
     assert where[1].tolist() == list(range(len(s.prompt_ids) - 1,
                                            len(s.prompt_ids) + len(s.completion_ids) - 1))

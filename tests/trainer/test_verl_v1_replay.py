@@ -141,7 +141,7 @@ async def test_server_turns_carry_the_weight_versions_v1_tags(farm, tokenizer):
     assert [o["extra_fields"]["turn"] for o in outs] == [2]
     assert outs[0]["response_ids"] == ep.turns[2].generation.completion_ids
     assert outs[0]["response_logprobs"] == [-0.5] * len(outs[0]["response_ids"])
-    keys, fields, tags = v1_postprocess(outs, "u1", 0, global_steps=7)
+    _, _, tags = v1_postprocess(outs, "u1", 0, global_steps=7)
     assert v1_staleness(tags, global_steps=7) == {"spans_max": 1.0, "staleness_max": 0.0}
     assert tags[0]["min_global_steps"] == tags[0]["max_global_steps"] == 6
 
