@@ -229,22 +229,27 @@ def run(cfg: LearnConfig, farm_url: str, log: Any = print) -> dict[str, Any]:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Left: evaluations (train / held-out success) at each stage; right: the GRPO curve."""
+    """Left: evaluations at each stage (the model's own greedy success and format-error rate,
+    train and held-out tasks); right: the GRPO curve over its sampled rollouts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     stages = list(report["evals"])
-    for k, name in enumerate(("train", "heldout")):
-        ys = [report["evals"][s][name]["success_rate"] or 0.0 for s in stages]
-        left.bar([i + 0.4 * k for i in range(len(stages))], ys, width=0.4,
-                 label=f"{name} tasks")
-    left.set_xticks([i + 0.2 for i in range(len(stages))], stages)
-    left.set_ylim(0, 1)
-    left.set_ylabel("model's own success (greedy)")
-    left.legend()
+    bars = [("train", "success_rate", "train: success", "tab:blue", None),
+            ("heldout", "success_rate", "held-out: success", "tab:orange", None),
+            ("train", "format_error_rate", "train: format errors", "tab:blue", "//"),
+            ("heldout", "format_error_rate", "held-out: format errors", "tab:orange", "//")]
+    for k, (split, key, label, color, hatch) in enumerate(bars):
+        ys = [report["evals"][s][split][key] or 0.0 for s in stages]
+        left.bar([i + 0.2 * k for i in range(len(stages))], ys, width=0.2, label=label,
+                 color=color, alpha=0.5 if hatch else 1.0, hatch=hatch)
+    left.set_xticks([i + 0.3 for i in range(len(stages))], stages)
+    left.set_ylim(0, 1.05)
+    left.set_ylabel("model's own episodes, greedy")
+    left.legend(fontsize="small")
     curve = report.get("grpo_curve", [])
     steps = [r["step"] for r in curve]
     for key, label in (("model_success_rate", "success (own rollouts)"),
