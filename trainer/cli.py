@@ -28,6 +28,7 @@ FarmKeyOpt = Annotated[str | None, typer.Option(
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("rollout")(rollout)
+    app.command("learn")(learn)
 
 
 @contextmanager
@@ -77,6 +78,30 @@ def train(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
                   f"{Path(cfg.out_dir) / 'checkpoints'}")
 
 
+def learn(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
+                                               help="learn.yaml (see trainer/configs/)")],
+          farm: FarmOpt = None,
+          seed: Annotated[int | None, typer.Option("--seed", help="Override seed.")] = None,
+          out_dir: Annotated[Path | None, typer.Option("--out-dir",
+                                                       help="Override out_dir.")] = None,
+          ) -> None:
+    """SFT on the train tasks' reference episodes, then pure GRPO; the model's own success
+    on train and held-out tasks before SFT, after SFT and after GRPO."""
+    from trainer.learn import LearnConfig, run
+
+    cfg = LearnConfig.from_yaml(config, seed=seed, out_dir=str(out_dir) if out_dir else None)
+    with farm_url(farm, None, cfg.envs, warm=16) as url:
+        report = run(cfg, url, log=console.print)
+    table = Table("stage", "train success", "held-out success", "train format errors",
+                  "held-out format errors")
+    for stage, ev in report["evals"].items():
+        table.add_row(stage, *(f"{ev[k]['success_rate'] or 0:.1%}" for k in ("train", "heldout")),
+                      *(f"{ev[k]['format_error_rate'] or 0:.1%}" for k in ("train", "heldout")))
+    console.print(table)
+    console.print(f"{report['seconds']['total']:.0f} s; report: {Path(cfg.out_dir) / 'learn.json'}"
+                  f"  plot: {Path(cfg.out_dir) / 'learn.png'}")
+
+
 def rollout(
     base_url: Annotated[str | None, typer.Option(
         "--base-url", help="OpenAI-compatible endpoint (vLLM, SGLang, OpenAI) .../v1")] = None,
@@ -85,6 +110,8 @@ def rollout(
                                          help="API key (env OPENAI_API_KEY).")] = "EMPTY",
     scripted: Annotated[bool, typer.Option(
         "--scripted", help="Replay reference solutions instead (no model).")] = False,
+    hf_model: Annotated[Path | None, typer.Option(
+        "--hf-model", help="A local HF checkpoint folder, run in this process (CPU).")] = None,
     farm: FarmOpt = None, farm_key: FarmKeyOpt = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog folder.")] = None,
     envs: Annotated[str | None, typer.Option("--envs", help="Comma-separated envs.")] = None,
@@ -98,6 +125,10 @@ def rollout(
     window: Annotated[int, typer.Option("--window", min=0, help="History window w.")] = 3,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 1024,
     temperature: Annotated[float, typer.Option("--temperature", min=0)] = 0.7,
+    tool_listing: Annotated[str, typer.Option(
+        "--tool-listing", help="full, compact (short list_tools answers: small models) or names")
+    ] = "full",
+    max_tool_chars: Annotated[int, typer.Option("--max-tool-chars", min=100)] = 8000,
 ) -> None:
     """Run the agent loop only (no training) and report success per env and overall."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -117,12 +148,19 @@ def rollout(
         raise typer.BadParameter("no task with a code-mode verifier among the chosen envs/tasks")
     if scripted:
         policy = ScriptedPolicy.from_catalog(cat)
+    elif hf_model:
+        from trainer.hf import HFPolicy
+
+        policy = HFPolicy.from_path(hf_model, max_new_tokens=max_tokens, temperature=temperature)
     elif base_url and model:
         policy = OpenAIPolicy(base_url, model, api_key=api_key, temperature=temperature,
                               max_tokens=max_tokens)
     else:
-        raise typer.BadParameter("give --base-url and --model, or --scripted")
-    config = EpisodeConfig(max_turns=max_turns, window=window)
+        raise typer.BadParameter("give --base-url and --model, --hf-model, or --scripted")
+    if tool_listing not in ("full", "compact", "names"):
+        raise typer.BadParameter("--tool-listing is full, compact or names")
+    config = EpisodeConfig(max_turns=max_turns, window=window, tool_listing=tool_listing,
+                           max_tool_chars=max_tool_chars)
 
     async def go(url: str):
         async with Farm(url, api_key=farm_key) as client:

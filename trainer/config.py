@@ -37,6 +37,19 @@ class TrainConfig(BaseModel):
     kl_coef: float = Field(default=0.001, ge=0)
     micro_batch: int = Field(default=8, ge=1)
     max_grad_norm: float = 1.0
+    mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch per "
+                              "epoch (paper: batch 64 / mini-batch 16 = 4)")
+    ppo_epochs: int = Field(default=1, ge=1, description="passes over each rollout batch")
+    # precision and memory at scale
+    param_dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$",
+                             description="dtype of the trained weights (the optimizer's "
+                             "masters); keep float32 and compute in bf16 with `autocast`")
+    autocast: str | None = Field(default=None, pattern="^(bfloat16|float16)$",
+                                 description="compute dtype of forward/backward (GPU: bfloat16)")
+    gradient_checkpointing: bool = Field(default=False, description="recompute the decoder's "
+                                         "activations in backward (long prompts, big models)")
+    logit_chunk: int = Field(default=1024, ge=1, description="completion positions per "
+                             "LM-head chunk")
     guide_fraction: float = Field(
         default=0.0, ge=0, le=1,
         description="share of each group replaying the task's reference solution instead of "
@@ -45,8 +58,9 @@ class TrainConfig(BaseModel):
     window: int | None = Field(default=3, description="history window w; None: whole history")
     max_turns: int = Field(default=20, ge=1)
     max_tool_chars: int = Field(default=8000, ge=100, description="cut longer tool results")
-    tool_listing: str = Field(default="full", pattern="^(full|compact)$",
-                              description="compact: short list_tools answers (small models)")
+    tool_listing: str = Field(default="full", pattern="^(full|compact|names)$",
+                              description="compact: short list_tools answers (small models); "
+                              "names: tool names only (tiny CPU models)")
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")

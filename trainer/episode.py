@@ -52,7 +52,8 @@ class EpisodeConfig:
     max_tool_chars: int = 8_000    # a longer tool result is cut (kept valid JSON)
     tool_listing: str = "full"     # "compact": list_tools answers names, one-line
                                    # descriptions and argument lists (short prompts for
-                                   # small models); the schemas stay in the trajectory
+                                   # small models); "names": the names alone (tiny CPU
+                                   # models); the schemas stay in the trajectory
     system: str = field(default_factory=system_prompt)
 
 
@@ -209,6 +210,7 @@ class _Episode:
                                      input_schema=s.input_schema) for s in specs]
             listing = ([compact_tool(t) for t in self.tools]
                        if self.cfg.tool_listing == "compact" else
+                       [t.name for t in self.tools] if self.cfg.tool_listing == "names" else
                        [t.model_dump() for t in self.tools])
             content = tool_content(True, listing, max_chars=1 << 30)  # never cut the list
         else:  # call_tool; check_format has vetted name and arguments

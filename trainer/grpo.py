@@ -1,23 +1,35 @@
-"""GRPO: group-relative advantages and the clipped policy-gradient update.
+"""GRPO: group-relative advantages, the paper's per-step credit, and the clipped update.
 
-- Advantages are relative within a group of rollouts of the same task: (r - mean) / std.
-  Invalid rewards (``None``: environment, verifier or judge failure) are dropped from their group,
-  never counted as 0. A group left with < 2 valid rollouts or zero variance contributes nothing.
-- Every sample of an episode (one per assistant turn, see ``trainer.window``) carries its
-  episode's advantage.
-- Loss per completion token: PPO's clipped ratio with an asymmetric clip (1 - 0.2, 1 + 0.28),
-  plus 0.001 x KL to a frozen reference policy (the k3 estimator), averaged over all completion
-  tokens of the batch (token-mean). Prompt tokens never enter the loss.
+- Advantages are relative within a group of rollouts of the same task: (R - mean) / std over the
+  episodes' rewards. Invalid rewards (``None``: environment, verifier or judge failure) are
+  dropped from their group, never counted as 0. A group left with < 2 valid rollouts or zero
+  variance contributes nothing.
+- Per-step credit (AWM, Sec. 4.1): a rollout that ends normally broadcasts its outcome to every
+  step, so each turn's sample carries the episode's advantage; a rollout cut short by a format
+  violation puts its -1 on the violating (last) turn only, and its earlier turns get 0
+  (``step_advantages``): a correct ``list_tools`` before a bad call is not punished.
+- Loss per completion token: PPO's clipped ratio with an asymmetric clip (1 - 0.2, 1 + 0.28)
+  against the policy that sampled (the rollout's log-probs when it gave them), plus 0.001 x KL
+  to a frozen reference (the k3 estimator, KL(pi || ref)), averaged over the completion tokens of
+  a mini-batch (token-mean). Prompt tokens never enter the loss.
+- A batch is cut into ``mini_batches`` optimizer steps and passed over ``ppo_epochs`` times, so
+  the policy moves away from the one that sampled and the clip can bind (paper: batch 64,
+  mini-batch 16, four updates per batch).
+- Scale: log-probabilities are computed only at the completion's positions (the hidden states of
+  the prompt never meet the LM head) and the LM head runs in chunks of ``logit_chunk`` positions
+  under activation checkpointing, so no (batch, length, vocabulary) tensor is ever built.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -27,6 +39,11 @@ class GRPOConfig:
     kl_coef: float = 0.001
     micro_batch: int = 8
     max_grad_norm: float = 1.0
+    mini_batches: int = 1      # optimizer steps per pass over the batch
+    ppo_epochs: int = 1        # passes over the batch
+    logit_chunk: int = 1024    # completion positions per LM-head chunk
+    autocast: str | None = None  # e.g. "bfloat16": compute dtype over fp32 master weights
+    seed: int = 0              # mini-batch shuffling
 
 
 @dataclass
@@ -52,84 +69,162 @@ def group_advantages(rewards: Sequence[float | None], eps: float = 1e-6
     return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
+def step_advantages(advantage: float, turns: int, violated: bool) -> list[float]:
+    """Per-turn advantages of one episode: the outcome's advantage on every turn when it ended
+    normally; on the violating last turn only (the others 0) when a format rule ended it."""
+    if turns <= 0:
+        return []
+    if not violated:
+        return [advantage] * turns
+    return [0.0] * (turns - 1) + [advantage]
+
+
+def policy_loss(logp: torch.Tensor, old: torch.Tensor, ref: torch.Tensor | None,
+                adv: torch.Tensor, cfg: GRPOConfig
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Per-token (loss, policy-gradient term, k3 KL or None, clipped?) over flat completion
+    tokens: ``logp`` under the policy being trained, ``old`` under the one that sampled,
+    ``ref`` under the reference, ``adv`` each token's advantage."""
+    ratio = torch.exp(logp - old)
+    clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high)
+    pg = -torch.minimum(ratio * adv, clipped * adv)
+    was_clipped = (ratio - clipped).abs() > 0
+    if ref is None or not cfg.kl_coef:
+        return pg, pg, None, was_clipped
+    delta = ref - logp
+    kl = torch.exp(delta) - delta - 1  # k3 estimate of KL(pi || ref): unbiased, >= 0
+    return pg + cfg.kl_coef * kl, pg, kl, was_clipped
+
+
 def _batch(samples: Sequence[Sample], pad_id: int, device: Any
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask, and (targets, loss mask) aligned with logits[:, :-1]."""
+    """Right-padded ids, attention mask, and the (row, position) of every completion token's
+    prediction with its target id: logits at position t predict token t + 1."""
     width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+    rows, cols = [], []
     for i, s in enumerate(samples):
         seq = s.prompt_ids + s.completion_ids
         ids[i, :len(seq)] = torch.tensor(seq)
         attn[i, :len(seq)] = 1
-        # logits at position t predict token t+1: the completion's tokens are predicted from
-        # positions len(prompt)-1 ... len(seq)-2
-        mask[i, len(s.prompt_ids) - 1:len(seq) - 1] = 1.0
-    return ids.to(device), attn.to(device), ids[:, 1:].to(device), mask.to(device)
+        start = len(s.prompt_ids) - 1  # predicts the completion's first token
+        rows += [i] * len(s.completion_ids)
+        cols += range(start, start + len(s.completion_ids))
+    where = torch.tensor([rows, cols], dtype=torch.long)
+    targets = ids[where[0], where[1] + 1]
+    return ids.to(device), attn.to(device), where.to(device), targets.to(device)
 
 
-def token_logprobs(model: Any, samples: Sequence[Sample], pad_id: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position log-probabilities of the next token, and the completion mask."""
+def _head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()  # log-softmax in fp32 whatever the compute dtype
+    return logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+
+def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
+                        chunk: int = 1024, autocast: str | None = None) -> torch.Tensor:
+    """Log-probabilities of every completion token of ``samples``, flat, in sample order.
+
+    The decoder runs once over the padded batch; only the hidden states that predict a
+    completion token go through the LM head, ``chunk`` at a time, each chunk recomputed in the
+    backward pass instead of keeping its (chunk, vocabulary) logits alive."""
     device = next(model.parameters()).device
-    ids, attn, targets, mask = _batch(samples, pad_id, device)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(2, targets[..., None])[..., 0]
-    return logp, mask
+    ids, attn, where, targets = _batch(samples, pad_id, device)
+    dtype = getattr(torch, autocast) if autocast else None
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        body = getattr(model, model.base_model_prefix)
+        hidden = body(input_ids=ids, attention_mask=attn).last_hidden_state
+        picked = hidden[where[0], where[1]]
+        head = model.get_output_embeddings()
+        parts = []
+        for i in range(0, picked.shape[0], chunk):
+            h, t = picked[i:i + chunk], targets[i:i + chunk]
+            if torch.is_grad_enabled():
+                parts.append(checkpoint(_head_logprobs, head, h, t, use_reentrant=False))
+            else:
+                parts.append(_head_logprobs(head, h, t))
+    return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
 
 def completion_logprob(model: Any, sample: Sample, pad_id: int) -> float:
     """Sum of the log-probabilities of a sample's completion tokens (for tests and probes)."""
     with torch.no_grad():
-        logp, mask = token_logprobs(model, [sample], pad_id)
-    return float((logp * mask).sum())
+        return float(completion_logprobs(model, [sample], pad_id).sum())
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
 def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequence[Sample],
               pad_id: int, cfg: GRPOConfig | None = None) -> dict[str, float]:
-    """One optimizer step over ``samples``; returns loss statistics. No samples: no step."""
+    """The update for one rollout batch: ``ppo_epochs`` x ``mini_batches`` optimizer steps.
+    Returns loss statistics averaged over completion tokens (``clip_frac`` of the last epoch
+    shows whether the clip bound). No samples: no step."""
     cfg = cfg or GRPOConfig()
     samples = [s for s in samples if s.completion_ids]
     if not samples:
-        return {"loss": 0.0, "samples": 0, "tokens": 0}
-    chunks = [samples[i:i + cfg.micro_batch] for i in range(0, len(samples), cfg.micro_batch)]
+        return {"loss": 0.0, "samples": 0, "tokens": 0, "optimizer_steps": 0}
     model.train()
-    olds = []
-    with torch.no_grad():  # the policy that sampled (one update per rollout batch: = current)
-        for chunk in chunks:
-            logp, mask = token_logprobs(model, chunk, pad_id)
-            old = logp.clone()
-            for i, s in enumerate(chunk):
+    olds: dict[int, torch.Tensor] = {}
+    refs: dict[int, torch.Tensor] = {}
+    with torch.no_grad():  # fixed for the whole update: the sampling policy and the reference
+        for chunk in _chunks(list(range(len(samples))), cfg.micro_batch):
+            batch = [samples[i] for i in chunk]
+            current = None
+            if any(s.old_logprobs is None or len(s.old_logprobs) != len(s.completion_ids)
+                   for s in batch):
+                current = completion_logprobs(model, batch, pad_id, cfg.logit_chunk,
+                                              cfg.autocast).split(
+                                                  [len(s.completion_ids) for s in batch])
+            ref = (completion_logprobs(ref_model, batch, pad_id, cfg.logit_chunk, cfg.autocast)
+                   .split([len(s.completion_ids) for s in batch]) if ref_model is not None
+                   else None)
+            for k, i in enumerate(chunk):
+                s = samples[i]
                 if s.old_logprobs is not None and len(s.old_logprobs) == len(s.completion_ids):
-                    start = len(s.prompt_ids) - 1
-                    old[i, start:start + len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
-            refs = token_logprobs(ref_model, chunk, pad_id)[0] if ref_model is not None else None
-            olds.append((old, refs))
-    total_tokens = sum(len(s.completion_ids) for s in samples)
+                    olds[i] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+                else:
+                    olds[i] = current[k].float().cpu()
+                if ref is not None:
+                    refs[i] = ref[k].float().cpu()
+    rng = random.Random(cfg.seed)
+    order = list(range(len(samples)))
+    n_mini = max(1, min(cfg.mini_batches, len(samples)))
+    stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+    steps = 0
+    for epoch in range(cfg.ppo_epochs):
+        if cfg.mini_batches > 1 or epoch:
+            rng.shuffle(order)
+        last_epoch = epoch == cfg.ppo_epochs - 1
+        minis = _chunks(order, math.ceil(len(order) / n_mini))
+        for mini in minis:
+            tokens = sum(len(samples[i].completion_ids) for i in mini)
+            optimizer.zero_grad(set_to_none=True)
+            for micro in _chunks(mini, cfg.micro_batch):
+                batch = [samples[i] for i in micro]
+                logp = completion_logprobs(model, batch, pad_id, cfg.logit_chunk, cfg.autocast)
+                dev = logp.device
+                old = torch.cat([olds[i] for i in micro]).to(dev)
+                ref = torch.cat([refs[i] for i in micro]).to(dev) if refs else None
+                adv = torch.tensor([s.advantage for s in batch for _ in s.completion_ids],
+                                   dtype=torch.float32, device=dev)
+                per_token, pg, kl, clipped = policy_loss(logp.float(), old, ref, adv, cfg)
+                loss = per_token.sum() / tokens  # token-mean over the mini-batch
+                loss.backward()
+                if last_epoch:
+                    share = 1.0 / len(minis)  # each mini-batch's mean weighs the same
+                    stats["loss"] += float(loss.detach()) * share
+                    stats["pg_loss"] += float(pg.sum().detach()) / tokens * share
+                    if kl is not None:
+                        stats["kl"] += float(kl.sum().detach()) / tokens * share
+                    stats["clip_frac"] += float(clipped.float().sum()) / tokens * share
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            if last_epoch:
+                stats["grad_norm"] += float(norm) / len(minis)
+            optimizer.step()
+            steps += 1
     optimizer.zero_grad(set_to_none=True)
-    stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-    for chunk, (old, refs) in zip(chunks, olds):
-        logp, mask = token_logprobs(model, chunk, pad_id)
-        adv = torch.tensor([s.advantage for s in chunk], device=logp.device)[:, None]
-        ratio = torch.exp(logp - old)
-        clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high)
-        pg = -torch.minimum(ratio * adv, clipped * adv)
-        per_token = pg
-        if refs is not None and cfg.kl_coef:
-            delta = refs - logp
-            kl = torch.exp(delta) - delta - 1  # k3: unbiased, always >= 0
-            per_token = per_token + cfg.kl_coef * kl
-            stats["kl"] += float((kl * mask).sum().detach()) / total_tokens
-        loss = (per_token * mask).sum() / total_tokens  # token-mean over the whole batch
-        loss.backward()
-        stats["loss"] += float(loss.detach())
-        stats["pg_loss"] += float((pg * mask).sum().detach()) / total_tokens
-        stats["clip_frac"] += float((((ratio - clipped).abs() > 0).float() * mask).sum()
-                                    .detach()) / total_tokens
-    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                              cfg.max_grad_norm))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    stats.update(samples=len(samples), tokens=total_tokens)
+    stats.update(samples=len(samples), tokens=sum(len(s.completion_ids) for s in samples),
+                 optimizer_steps=steps)
     return stats

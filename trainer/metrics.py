@@ -14,25 +14,31 @@ from trainer.episode import EpisodeResult
 
 
 def episode_metrics(episodes: Sequence[EpisodeResult], rollout_s: float) -> dict[str, Any]:
-    """Reward, success, invalid and format-error rates, turns, tokens, env calls/s."""
+    """Reward, success, invalid and format-error rates, turns, tokens, env calls/s.
+
+    The model's own episodes and the guided ones (reference solutions replayed in a group) are
+    measured apart: ``model_*`` is what the model can do, ``guided_*`` what the guides did;
+    the unprefixed ``reward_mean``/``reward_std`` are over every valid episode of the step (what
+    GRPO normalised), ``success_rate`` is the model's own."""
     n = len(episodes)
     valid = [e for e in episodes if e.valid]
     rewards = [e.reward for e in valid if e.reward is not None]
-    model_rewards = [e.reward for e in valid if e.reward is not None and not _guided(e)]
     tokens = sum(len(t.generation.completion_ids or ()) for e in episodes for t in e.turns)
     env_calls = sum(e.env_calls for e in episodes)
+    model = [e for e in episodes if not _guided(e)]
+    guided = [e for e in episodes if _guided(e)]
+    own = _rates(model, "model")
     return {
         "episodes": n,
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "model_reward_mean": statistics.fmean(model_rewards) if model_rewards else None,
-        "success_rate": sum(e.success for e in valid) / len(valid) if valid else None,
+        **own,
+        **_rates(guided, "guided"),
+        "success_rate": own["model_success_rate"],
         "invalid_rate": (n - len(valid)) / n if n else 0.0,
-        "format_error_rate": sum(e.outcome == Outcome.format_error.value for e in episodes) / n
-        if n else 0.0,
-        "turns_mean": statistics.fmean(len(e.turns) for e in episodes) if n else 0.0,
         "tokens": tokens,
-        "guided_episodes": sum(_guided(e) for e in episodes),
+        "model_episodes": len(model),
+        "guided_episodes": len(guided),
         "ends": dict(Counter(e.end.value for e in episodes)),
         "env_calls": env_calls,
         "env_calls_per_s": env_calls / rollout_s if rollout_s > 0 else 0.0,
@@ -40,6 +46,19 @@ def episode_metrics(episodes: Sequence[EpisodeResult], rollout_s: float) -> dict
                             sum(e.seconds for e in episodes)) if n and any(
                                 e.seconds for e in episodes) else 0.0,
         "rollout_s": rollout_s,
+    }
+
+
+def _rates(episodes: Sequence[EpisodeResult], prefix: str) -> dict[str, Any]:
+    """Reward, success, format-error rate and turns of one kind of episode (None: none ran)."""
+    n = len(episodes)
+    valid = [e for e in episodes if e.valid and e.reward is not None]
+    return {
+        f"{prefix}_reward_mean": statistics.fmean(e.reward for e in valid) if valid else None,
+        f"{prefix}_success_rate": sum(e.success for e in valid) / len(valid) if valid else None,
+        f"{prefix}_format_error_rate": (sum(e.outcome == Outcome.format_error.value
+                                            for e in episodes) / n) if n else None,
+        f"{prefix}_turns_mean": statistics.fmean(len(e.turns) for e in episodes) if n else None,
     }
 
 
@@ -82,18 +101,21 @@ def plot(records: Sequence[dict[str, Any]], out: Path) -> None:
 
     steps = [r["step"] for r in records]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("reward_mean", "reward (all valid)"),
-                       ("model_reward_mean", "reward (model's own rollouts)"),
-                       ("success_rate", "success rate")):
+    for key, label, style in (
+            ("model_reward_mean", "model's own: reward", "-"),
+            ("model_success_rate", "model's own: success rate", "-"),
+            ("model_format_error_rate", "model's own: format-error rate", "-"),
+            ("guided_success_rate", "guided (reference replays): success rate", ":"),
+            ("reward_mean", "all valid episodes: reward", "--")):
         ys = [r.get(key) for r in records]
         if any(y is not None for y in ys):
             ax.plot(steps, [float("nan") if y is None else y for y in ys], marker="o",
-                    label=label)
+                    linestyle=style, label=label)
     ax.set_xlabel("GRPO step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-1.05, 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize="small")
     ax.set_title("envfarm train")
     fig.tight_layout()
     tmp = out.with_name(out.stem + ".tmp.png")

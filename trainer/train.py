@@ -19,10 +19,17 @@ from typing import Any
 
 from envfarm import load_catalog
 from envfarm.client import EnvfarmError, Farm
+from judge import Outcome
 from trainer import checkpoint, metrics
 from trainer.config import TrainConfig
-from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
-from trainer.grpo import GRPOConfig, Sample, group_advantages, grpo_step
+from trainer.episode import EpisodeConfig, EpisodeResult, TurnRecord, run_episode
+from trainer.grpo import (
+    GRPOConfig,
+    Sample,
+    group_advantages,
+    grpo_step,
+    step_advantages,
+)
 from trainer.hf import HFPolicy, encode_completion, encode_prompt, load_model
 from trainer.policy import FINISH_STOP, Policy, ScriptedPolicy
 
@@ -45,12 +52,16 @@ class Trainer:
             torch.set_num_threads(config.threads)
         base = Path(config.model) if config.model else _tiny()
         resume = checkpoint.latest(self.ckpt_dir)
-        self.model, self.tokenizer = load_model(resume or base, config.device)
+        # fp32 master weights by default, whatever dtype the checkpoint was saved in
+        self.model, self.tokenizer = load_model(resume or base, config.device,
+                                                dtype=config.param_dtype)
         self.ref = None
         if config.kl_coef > 0:  # the reference is the starting model, also after a resume
-            self.ref = (load_model(base, config.device)[0] if resume else
-                        copy.deepcopy(self.model))
+            self.ref = (load_model(base, config.device, dtype=config.param_dtype)[0] if resume
+                        else copy.deepcopy(self.model))
             self.ref.eval().requires_grad_(False)
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
                                            weight_decay=0.0)
         self.step = 0  # the next step to run
@@ -70,7 +81,10 @@ class Trainer:
                                          max_tool_chars=config.max_tool_chars)
         self.grpo_cfg = GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
                                    kl_coef=config.kl_coef, micro_batch=config.micro_batch,
-                                   max_grad_norm=config.max_grad_norm)
+                                   max_grad_norm=config.max_grad_norm,
+                                   mini_batches=config.mini_batches,
+                                   ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
+                                   autocast=config.autocast, seed=config.seed)
 
     def _task_list(self, catalog: Any) -> list[tuple[str, int]]:
         envs = self.cfg.envs or catalog.servable
@@ -107,6 +121,7 @@ class Trainer:
         rollout_s = time.perf_counter() - started
         samples, used = self._samples(groups)
         t = time.perf_counter()
+        self.grpo_cfg.seed = self.cfg.seed * 1_000_003 + step  # mini-batch shuffling
         stats = await asyncio.to_thread(grpo_step, self.model, self.ref, self.optimizer,
                                         samples, self.tokenizer.pad_token_id, self.grpo_cfg)
         update_s = time.perf_counter() - t
@@ -143,25 +158,36 @@ class Trainer:
         return list(await asyncio.gather(*(one(p, lease) for p, lease in zip(policies, leases))))
 
     def _samples(self, groups: list[list[EpisodeResult]]) -> tuple[list[Sample], int]:
-        out: list[Sample] = []
-        used = 0
-        for group in groups:
-            advs = group_advantages([e.reward if e.valid else None for e in group])
-            if any(a is not None for a in advs):
-                used += 1
-            for episode, adv in zip(group, advs):
-                if adv is None:
-                    continue
-                for rec in episode.turns:
-                    gen = rec.generation
-                    if gen.completion_ids is not None and gen.prompt_ids is not None:
-                        out.append(Sample(gen.prompt_ids, gen.completion_ids, adv, gen.logprobs))
-                    else:  # text from another policy (a guide): tokenized the same way
-                        out.append(Sample(
-                            encode_prompt(self.tokenizer, rec.prompt),
-                            encode_completion(self.tokenizer, gen.text,
-                                              gen.finish_reason == FINISH_STOP), adv))
-        return out, used
+        return rollout_samples(groups, self.tokenizer)
+
+
+def rollout_samples(groups: list[list[EpisodeResult]], tokenizer: Any
+                    ) -> tuple[list[Sample], int]:
+    """One sample per assistant turn of every episode with an advantage, each carrying its
+    turn's credit (``trainer.grpo.step_advantages``); and how many groups had signal."""
+    out: list[Sample] = []
+    used = 0
+    for group in groups:
+        advs = group_advantages([e.reward if e.valid else None for e in group])
+        if any(a is not None for a in advs):
+            used += 1
+        for episode, adv in zip(group, advs):
+            if adv is None:
+                continue
+            violated = episode.outcome == Outcome.format_error.value
+            credit = step_advantages(adv, len(episode.turns), violated)
+            out += [turn_sample(tokenizer, rec, a) for rec, a in zip(episode.turns, credit)]
+    return out, used
+
+
+def turn_sample(tokenizer: Any, rec: TurnRecord, advantage: float) -> Sample:
+    gen = rec.generation
+    if gen.completion_ids is not None and gen.prompt_ids is not None:
+        return Sample(gen.prompt_ids, gen.completion_ids, advantage, gen.logprobs)
+    # text from another policy (a guide): tokenized the way the model would have seen it
+    return Sample(encode_prompt(tokenizer, rec.prompt),
+                  encode_completion(tokenizer, gen.text, gen.finish_reason == FINISH_STOP),
+                  advantage)
 
 
 def _tiny() -> Path:
@@ -182,7 +208,8 @@ async def train(config: TrainConfig, farm_url: str, log: Any = print) -> list[di
 
 
 def headline(record: dict[str, Any]) -> dict[str, Any]:
-    keys = ("step", "episodes", "reward_mean", "model_reward_mean", "success_rate",
-            "invalid_rate", "format_error_rate", "update_samples", "rollout_s", "update_s")
+    keys = ("step", "model_episodes", "model_reward_mean", "model_success_rate",
+            "model_format_error_rate", "guided_episodes", "guided_success_rate", "reward_mean",
+            "invalid_rate", "update_samples", "update_clip_frac", "rollout_s", "update_s")
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()
             if k in keys}

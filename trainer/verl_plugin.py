@@ -15,9 +15,13 @@ How the pieces map onto verl 0.9.1 (``verl.experimental.agent_loop``):
   ``verl_agent_loop.yaml`` (what ``agent_loop_config_path`` loads in the Ray workers, where a
   decorator in an unimported module would not have run). Extra YAML keys (``farm_url``,
   ``window``, ...) arrive as constructor keyword arguments through ``hydra.utils.instantiate``.
-- ``run`` returns a *list* of ``AgentLoopOutput``: verl's V1 trainer (``AgentLoopWorkerTQ``)
-  stores each under ``{uid}_{session}_{turn}`` and computes GRPO advantages from each session's
-  final output, broadcast to its other outputs: a sample's advantage is its episode's.
+- ``run`` returns a *list* of ``AgentLoopOutput`` (built by ``trainer.verl_outputs``, which
+  says what V1 reads from them): verl's V1 trainer (``AgentLoopWorkerTQ``) stores each under
+  ``{uid}_{session}_{turn}`` and computes GRPO advantages from each session's final output,
+  broadcast to its other outputs: a sample's advantage is its episode's, except that an episode
+  ended by a format violation returns only its violating turn (the paper's per-step credit).
+- Every output carries the weight versions (``min_global_steps``/``max_global_steps``) verl's
+  server client reported for its turn: V1 tags samples with them and fails without them.
 - An invalid episode (env/verifier/judge/farm failure, lease lost) returns no samples, so it is
   dropped from its group, never scored 0. The sessions of one group run in one worker process;
   ``GroupGate`` lets them wait for each other so a group left with < 2 valid rollouts, or with
@@ -31,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,12 +50,10 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.workers.rollout.replica import TokenOutput
 
 from envfarm.client import Farm
-from judge import Message
 from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
-from trainer.format import render
 from trainer.grpo import group_advantages
-from trainer.policy import FINISH_LENGTH, FINISH_STOP, Generation, PolicyError, ScriptedPolicy
-from trainer.policy import TurnContext
+from trainer.policy import ScriptedPolicy
+from trainer.verl_bridge import ServerPolicy, turn_outputs
 from trainer.window import DEFAULT_WINDOW
 
 AGENT_NAME = "envfarm_agent"
@@ -63,39 +64,6 @@ EXAMPLE_CONFIG = "verl_example.yaml"
 def packaged_config(name: str = AGENT_LOOP_YAML) -> Path:
     """Path of a YAML shipped with the package (for ``agent_loop_config_path``)."""
     return Path(str(resources.files("trainer") / name))
-
-
-# -- policy adapter ------------------------------------------------------------------------------
-class ServerPolicy:
-    """Our ``Policy`` over verl's server manager (``LLMServerClient`` or anything with its
-    ``generate(request_id, *, prompt_ids, sampling_params) -> TokenOutput``)."""
-
-    name = "verl"
-
-    def __init__(self, server_manager: Any, tokenizer: Any, sampling_params: dict[str, Any], *,
-                 max_tokens: int, request_id: str | None = None) -> None:
-        self.server = server_manager
-        self.tokenizer = tokenizer
-        self.sampling_params = dict(sampling_params)
-        self.max_tokens = max_tokens
-        self.request_id = request_id or uuid.uuid4().hex  # one per episode: sticky server
-        self.eos_id = tokenizer.eos_token_id
-
-    async def generate(self, messages: Sequence[Message], ctx: TurnContext) -> Generation:
-        prompt_ids = encode(self.tokenizer, render(messages))
-        params = {**self.sampling_params, "max_tokens": self.max_tokens}
-        try:
-            out: TokenOutput = await self.server.generate(
-                request_id=self.request_id, prompt_ids=prompt_ids, sampling_params=params)
-        except Exception as exc:  # the server's failure is not the agent's: invalid rollout
-            raise PolicyError(f"verl server failed: {type(exc).__name__}: {exc}") from exc
-        ids = list(out.token_ids)
-        stopped = bool(ids) and ids[-1] == self.eos_id
-        finish = FINISH_STOP if stopped or len(ids) < self.max_tokens else FINISH_LENGTH
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        text = text.removesuffix(self.tokenizer.eos_token or "")
-        return Generation(text=text, finish_reason=finish, prompt_ids=prompt_ids,
-                          completion_ids=ids, logprobs=out.log_probs, policy=self.name)
 
 
 class LocalHFServer:
@@ -136,10 +104,6 @@ class LocalHFServer:
                     break
                 ids = torch.tensor([[tok]], device=self.device)
         return TokenOutput(token_ids=out, log_probs=logprobs, stop_reason="completed")
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 # -- GRPO group rule across the sessions of one prompt --------------------------------------------
@@ -203,13 +167,15 @@ class EnvfarmAgentLoop(AgentLoopBase):
     ``null``: whole history); ``max_turns`` (20); ``max_turn_tokens`` (capped by
     ``rollout.response_length``); ``policy``: ``server`` (verl's LLM servers, the default) or
     ``scripted`` (replay reference solutions: a model-free smoke run of the whole pipeline);
-    ``gate_timeout_s``; ``farm`` (an SDK ``Farm``, for embedding).
+    ``gate_timeout_s``; ``tool_listing`` (``full``; ``compact`` for small models' contexts);
+    ``max_tool_chars``; ``farm`` (an SDK ``Farm``, for embedding).
     """
 
     def __init__(self, *args: Any, farm_url: str = "http://127.0.0.1:8000",
                  window: int | None = DEFAULT_WINDOW, max_turns: int = 20,
                  max_turn_tokens: int | None = None, policy: str = "server",
                  gate_timeout_s: float = 1800.0, farm: Farm | None = None,
+                 tool_listing: str = "full", max_tool_chars: int = 8000,
                  name: str | None = None, **kwargs: Any) -> None:
         wrapped = kwargs.get("trainer_config", args[0] if args else None)
         trainer_cfg = getattr(wrapped, "config", {}).get("trainer", {}) or {}
@@ -222,7 +188,9 @@ class EnvfarmAgentLoop(AgentLoopBase):
         self.farm_url = farm_url
         self.farm = farm
         self.policy_kind = policy
-        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window)
+        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window,
+                                            tool_listing=tool_listing,
+                                            max_tool_chars=max_tool_chars)
         limit = int(self.rollout_config.response_length)
         self.max_turn_tokens = min(limit, max_turn_tokens or limit)
         self.gate_timeout_s = gate_timeout_s
@@ -252,25 +220,12 @@ class EnvfarmAgentLoop(AgentLoopBase):
                 return []
         if reward is None:
             return []  # invalid: dropped, never scored 0
-        return self._samples(result, float(reward), time.perf_counter() - started)
-
-    def _samples(self, result: EpisodeResult, reward: float, seconds: float
-                 ) -> list[AgentLoopOutput]:
-        info = {"outcome": result.outcome, "end": result.end.value,
-                "success": float(result.success), "env_calls": float(result.env_calls)}
-        outs = []
-        for k, turn in enumerate(result.turns):
-            prompt_ids, response_ids, logprobs = turn_tokens(self.tokenizer, turn.prompt,
-                                                             turn.generation)
-            metrics = AgentLoopMetrics(generate_sequences=result.policy_seconds,
-                                       tool_calls=result.env_seconds)
-            outs.append(AgentLoopOutput(
-                prompt_ids=prompt_ids, response_ids=response_ids,
-                response_mask=[1] * len(response_ids), response_logprobs=logprobs,
-                reward_score=reward, num_turns=len(turn.prompt) + 1, metrics=metrics,
-                extra_fields={"reward_extra_info": dict(info), "turn": k, "env": result.env,
-                              "task_idx": result.task_idx, "episode_s": seconds}))
-        return outs
+        fields = turn_outputs(result, self.tokenizer, reward=float(reward),
+                              global_steps=kwargs.get("global_steps"),
+                              seconds=time.perf_counter() - started)
+        return [AgentLoopOutput(**f, metrics=AgentLoopMetrics(
+            generate_sequences=result.policy_seconds, tool_calls=result.env_seconds))
+            for f in fields]
 
 
 def split_of(kwargs: dict[str, Any]) -> str:
@@ -295,17 +250,6 @@ def task_of(kwargs: dict[str, Any]) -> tuple[str, int]:
         raise ValueError("an envfarm dataset row needs extra_info.env and extra_info.task_idx "
                          "(write one with `python -m trainer.verl_plugin dataset OUT.parquet`)")
     return str(env), int(idx)
-
-
-def turn_tokens(tokenizer: Any, prompt: Sequence[Message], gen: Generation
-                ) -> tuple[list[int], list[int], list[float] | None]:
-    """A turn's training sample: the exact tokens a server policy saw and sampled; for a text
-    policy (scripted, OpenAI), the rendered windowed prompt and the turn + end-of-turn token."""
-    if gen.prompt_ids is not None and gen.completion_ids is not None:
-        return list(gen.prompt_ids), list(gen.completion_ids), gen.logprobs
-    prompt_ids = encode(tokenizer, render(prompt))
-    response_ids = encode(tokenizer, gen.text) + [tokenizer.eos_token_id]
-    return prompt_ids, response_ids, None
 
 
 # -- dataset ------------------------------------------------------------------------------------

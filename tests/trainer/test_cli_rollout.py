@@ -47,3 +47,21 @@ def test_rollout_against_mock_openai(mock_openai, bundled_catalog, tmp_path):
     later = [r for r in seen if len(r.messages) > 3]
     assert later and later[0].messages[3]["role"] == "user"
     assert later[0].messages[3]["content"].startswith("<tool_response>")
+
+
+def test_rollout_of_a_local_hf_checkpoint(tiny_model, tmp_path):
+    """`--hf-model` runs a local checkpoint in process: the tiny random model's own episodes,
+    with the listing the training config uses; every episode ends typed, none leaks."""
+    out = tmp_path / "rollouts.jsonl"
+    res = CliRunner().invoke(app, ["rollout", "--hf-model", str(tiny_model), "--envs",
+                                   "personal_banking_1", "--tasks", "0,7", "--out", str(out),
+                                   "--max-tokens", "8", "--max-turns", "2",
+                                   "--tool-listing", "names", "--temperature", "0"])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["task_idx"] for r in lines) == [0, 7]
+    assert all(r["valid"] and r["reward"] == -1.0 for r in lines)  # random weights: format
+    assert "overall" in res.output
+    res = CliRunner().invoke(app, ["rollout", "--hf-model", str(tiny_model),
+                                   "--tool-listing", "everything"])
+    assert res.exit_code != 0 and "full, compact or names" in res.output

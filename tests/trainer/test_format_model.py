@@ -16,7 +16,7 @@ from trainer.format import (
     system_prompt,
     tool_call_text,
 )
-from trainer.grpo import Sample, token_logprobs
+from trainer.grpo import Sample, completion_logprobs
 from trainer.hf import HFPolicy, load_model
 from trainer.policy import FINISH_LENGTH, FINISH_STOP, TurnContext
 
@@ -65,9 +65,9 @@ async def test_hf_policy_returns_ids_and_logprobs_training_recomputes(tiny_model
     assert len(gen.completion_ids) == len(gen.logprobs) <= 6
     assert gen.prompt_ids == tokenizer(render(CONVERSATION[:2]),
                                        add_special_tokens=False).input_ids
-    logp, mask = token_logprobs(model, [Sample(gen.prompt_ids, gen.completion_ids, 0.0)],
-                                tokenizer.pad_token_id)
-    again = logp[0][mask[0].bool()].tolist()
+    with torch.no_grad():
+        again = completion_logprobs(model, [Sample(gen.prompt_ids, gen.completion_ids, 0.0)],
+                                    tokenizer.pad_token_id).tolist()
     assert again == __import__("pytest").approx(gen.logprobs, abs=1e-3)
 
 

@@ -1,15 +1,27 @@
-"""GRPO with the tiny model: the update goes the way the advantages say; the drop rules."""
+"""GRPO with the tiny model: the update goes the way the advantages say, the loss by hand (each
+term pinned so a swapped clip bound, a flipped sign or KL direction, ignored rollout log-probs or
+a shifted loss mask fails), mini-batches that make the clip bind, and the drop rules."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
 from judge import Message
 from trainer.format import call_tool_text, final_text, system_prompt, tool_call_text
-from trainer.grpo import GRPOConfig, Sample, completion_logprob, grpo_step, group_advantages
+from trainer.grpo import (
+    GRPOConfig,
+    Sample,
+    completion_logprob,
+    completion_logprobs,
+    group_advantages,
+    grpo_step,
+    policy_loss,
+    step_advantages,
+)
 from trainer.hf import encode_completion, encode_prompt, load_model
 
 
@@ -27,10 +39,57 @@ def test_groups_without_signal_contribute_nothing(rewards):
     assert group_advantages(rewards) == [None] * len(rewards)
 
 
+def test_step_credit_is_the_papers():
+    """Normal end: the outcome's advantage on every turn. Format violation: on the violating
+    (last) turn only; the turns before it get 0."""
+    assert step_advantages(0.7, 3, violated=False) == [0.7, 0.7, 0.7]
+    assert step_advantages(-1.2, 3, violated=True) == [0.0, 0.0, -1.2]
+    assert step_advantages(-1.2, 1, violated=True) == [-1.2]
+    assert step_advantages(0.5, 0, violated=True) == []
+
+
+# -- the loss by hand ----------------------------------------------------------------------------
+CFG = GRPOConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.001)
+
+
+def _loss(ratio: float, adv: float, ref_minus_logp: float | None = None):
+    logp = torch.tensor([-1.0])
+    old = logp - math.log(ratio)
+    ref = None if ref_minus_logp is None else logp + ref_minus_logp
+    return policy_loss(logp, old, ref, torch.tensor([adv]), CFG)
+
+
+@pytest.mark.parametrize("ratio, adv, pg, clipped", [
+    (1.25, 1.0, -1.25, False),   # inside (0.8, 1.28): a swapped bound (high 0.2) clips to 1.2
+    (1.5, 1.0, -1.28, True),     # above the high bound, positive advantage: clipped
+    (1.5, -1.0, 1.5, True),      # negative advantage: min() keeps the unclipped, larger loss
+    (0.75, -1.0, 0.8, True),     # below the low bound 0.8 (swapped: 0.72 would not clip)
+    (0.75, 1.0, -0.75, True),    # positive advantage, ratio low: the unclipped term is the min
+])
+def test_clipped_policy_gradient_by_hand(ratio, adv, pg, clipped):
+    per_token, pg_term, kl, was_clipped = _loss(ratio, adv)
+    assert float(pg_term) == pytest.approx(pg, rel=1e-5)
+    assert float(per_token) == pytest.approx(pg, rel=1e-5) and kl is None
+    assert bool(was_clipped) is clipped
+
+
+def test_kl_is_k3_of_pi_against_the_reference():
+    """k3 with delta = log ref - log pi: exp(delta) - delta - 1 (the reversed direction gives
+    exp(-delta) + delta - 1 = 0.1065 here, not 0.1487)."""
+    per_token, _, kl, _ = _loss(1.0, 1.0, ref_minus_logp=0.5)
+    assert float(kl) == pytest.approx(math.exp(0.5) - 0.5 - 1, rel=1e-5)
+    assert float(per_token) == pytest.approx(-1.0 + 0.001 * (math.exp(0.5) - 1.5), rel=1e-5)
+    # the KL pulls pi towards the reference: its gradient raises log pi when ref is above
+    logp = torch.tensor([-1.0], requires_grad=True)
+    policy_loss(logp, logp.detach(), logp.detach() + 0.5, torch.tensor([0.0]), CFG)[0].backward()
+    assert float(logp.grad) < 0
+
+
+# -- with the tiny model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_model):
     torch.manual_seed(0)
-    return load_model(tiny_model)
+    return load_model(tiny_model, dtype="float32")
 
 
 def _group(tokenizer) -> list[Sample]:
@@ -68,16 +127,93 @@ def test_one_step_raises_best_and_lowers_worst(model_and_tokenizer):
     assert flipped[0] < 0 and flipped[-1] > 0
 
 
+def _reference_logprobs(model, sample: Sample) -> list[float]:
+    """Independently: the full forward's logits, position t predicting token t + 1."""
+    seq = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=seq).logits[0].float(), dim=-1)
+    start = len(sample.prompt_ids)
+    return [float(logp[start + k - 1, tok]) for k, tok in enumerate(sample.completion_ids)]
+
+
+def test_logprobs_are_taken_at_the_completions_positions(model_and_tokenizer):
+    """Chunked, completion-only log-probs equal the full forward's at the right positions, for
+    samples of different lengths padded together, whatever the chunk size."""
+    model, tokenizer = model_and_tokenizer
+    samples = _group(tokenizer)
+    expected = [lp for s in samples for lp in _reference_logprobs(model, s)]
+    for chunk in (1, 7, 4096):
+        with torch.no_grad():
+            got = completion_logprobs(model, samples, tokenizer.pad_token_id, chunk=chunk)
+        assert got.tolist() == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_loss_is_taken_against_the_rollouts_logprobs_at_the_right_tokens(
+        model_and_tokenizer):
+    """Rollout log-probs 1.1x below the model's, token by token: the ratio is 1.1 at every
+    completion token (pg_loss = -1.1 x advantage), none clipped. Ignoring the rollout's
+    log-probs (ratio 1) or a loss mask shifted onto other positions gives another loss."""
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model)
+    samples = [Sample(s.prompt_ids, s.completion_ids, 1.0,
+                      [lp - math.log(1.1) for lp in _reference_logprobs(model, s)])
+               for s in _group(tokenizer)[:3]]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = grpo_step(model, None, opt, samples, tokenizer.pad_token_id, GRPOConfig())
+    assert stats["pg_loss"] == pytest.approx(-1.1, rel=1e-4)
+    assert stats["clip_frac"] == 0.0
+    # rollout log-probs 2x below: every token's ratio is 2, clipped at 1.28
+    far = [Sample(s.prompt_ids, s.completion_ids, 1.0,
+                  [lp - math.log(2.0) for lp in _reference_logprobs(model, s)]) for s in samples]
+    stats = grpo_step(model, None, opt, far, tokenizer.pad_token_id, GRPOConfig())
+    assert stats["clip_frac"] == 1.0 and stats["pg_loss"] == pytest.approx(-1.28, rel=1e-4)
+
+
+def test_mini_batches_and_epochs_move_the_policy_so_the_clip_binds(model_and_tokenizer):
+    """One update per batch: the ratio is 1 and nothing is clipped. Four mini-batches over two
+    epochs: four x two optimizer steps, and the later ones see a moved policy."""
+    model, tokenizer = model_and_tokenizer
+    samples = _group(tokenizer) * 2
+    still = copy.deepcopy(model)
+    one = grpo_step(still, None, torch.optim.SGD(still.parameters(), lr=0.0), samples,
+                    tokenizer.pad_token_id, GRPOConfig())
+    assert one["clip_frac"] == 0.0 and one["optimizer_steps"] == 1
+    moved = copy.deepcopy(model)
+    many = grpo_step(moved, None, torch.optim.SGD(moved.parameters(), lr=2.0), samples,
+                     tokenizer.pad_token_id,
+                     GRPOConfig(mini_batches=4, ppo_epochs=2, micro_batch=1, max_grad_norm=1e9))
+    assert many["optimizer_steps"] == 8
+    assert many["clip_frac"] > 0.0
+
+
 def test_loss_sees_only_completion_tokens(model_and_tokenizer):
-    """Changing the prompt's tokens changes nothing the loss is taken over but the condition;
-    a sample whose completion is empty contributes no tokens and no step."""
+    """The prompt's tokens only condition: changing the completion-free prompt positions'
+    targets changes nothing; an empty completion contributes no tokens and no step."""
     model, tokenizer = model_and_tokenizer
     s = _group(tokenizer)[0]
     from trainer.grpo import _batch
 
-    ids, attn, targets, mask = _batch([s], tokenizer.pad_token_id, "cpu")
-    assert int(mask.sum()) == len(s.completion_ids)
-    picked = targets[0][mask[0].bool()].tolist()
-    assert picked == s.completion_ids
+    _, _, where, targets = _batch([s], tokenizer.pad_token_id, "cpu")
+    assert targets.tolist() == s.completion_ids
+    assert where[1].tolist() == list(range(len(s.prompt_ids) - 1,
+                                           len(s.prompt_ids) + len(s.completion_ids) - 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert grpo_step(model, None, opt, [Sample(s.prompt_ids, [], 1.0)], 0)["samples"] == 0
+
+
+def test_fp32_master_weights_take_small_steps(tiny_model):
+    """At lr 1e-6 a bf16 copy of the weights rounds most updates away; the trainer's fp32
+    masters keep them (the trainer loads with param_dtype float32)."""
+    model, tokenizer = load_model(tiny_model, dtype="float32")
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    samples = _group(tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+    grpo_step(model, None, opt, samples, tokenizer.pad_token_id, GRPOConfig())
+    changed = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
+    total = sum(b.numel() for b in before)
+    assert changed / total > 0.5
+    bf16 = [b.to(torch.bfloat16) for b in before]
+    kept = sum(int((p.detach().to(torch.bfloat16) != b).sum())
+               for p, b in zip(model.parameters(), bf16))
+    assert kept / total < 0.2  # the same step, stored in bf16, would mostly vanish

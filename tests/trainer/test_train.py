@@ -70,7 +70,9 @@ def test_train_three_steps_then_kill_9_and_resume(tmp_path, tiny_model):
         assert r["episodes"] == 2 and r["guided_episodes"] == 1
         assert r["model_reward_mean"] == -1.0  # the random model: format errors, honestly shown
         assert r["update_samples"] > 0 and r["groups_used"] == 1
-        assert {"reward_std", "success_rate", "invalid_rate", "format_error_rate", "turns_mean",
+        assert r["model_success_rate"] == 0.0 and r["success_rate"] == 0.0  # not the guide's
+        assert r["guided_success_rate"] == 1.0 and r["model_format_error_rate"] == 1.0
+        assert {"reward_std", "invalid_rate", "model_turns_mean", "guided_turns_mean",
                 "tokens", "rollout_s", "update_s", "env_calls_per_s"} <= r.keys()
 
 

@@ -106,8 +106,10 @@ def test_example_config_composes_with_verls_defaults():
     with initialize_config_dir(config_dir=str(path.parent), version_base=None):
         cfg = compose(config_name=path.stem)
     assert cfg.algorithm.adv_estimator == "grpo"
-    assert cfg.actor_rollout_ref.rollout.n == 8
+    assert cfg.actor_rollout_ref.rollout.n == 16
     assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0.001
+    assert cfg.algorithm.rollout_correction.rollout_is == "sequence"
+    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4
     assert cfg.actor_rollout_ref.rollout.prompt_length == 6144  # interpolated from data.*
 
 
@@ -222,3 +224,56 @@ def test_dataset_rows_address_every_servable_task(tmp_path):
     assert back.iloc[4]["extra_info"]["split"] == "val"
     with pytest.raises(ValueError, match="extra_info.env"):
         task_of({"extra_info": {}})
+
+
+async def test_outputs_through_verls_own_v1_advantages_and_tags(local_farm, client, tokenizer,
+                                                                tiny_model):
+    """verl's own V1 code on the plugin's outputs (where TransferQueue, which V1 imports, is
+    installed): the weight-version tags as ``np.array(dtype=int)``, and
+    ``compute_advantage_for_multi_trajectories`` over a group of a solved episode (every turn
+    the same positive advantage) and a format-error one (only its violating turn, negative)."""
+    pytest.importorskip("transfer_queue", reason="verl's V1 trainer imports TransferQueue "
+                        "(verl-core extra): pip install TransferQueue")
+    import warnings
+
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+
+    with warnings.catch_warnings():  # verl warns about engines it cannot load (megatron ...)
+        warnings.simplefilter("ignore")
+        from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    from trainer.verl_plugin import LocalHFServer
+
+    good = make_loop(local_farm.url, tokenizer, farm=client, policy="scripted")
+    bad = make_loop(local_farm.url, tokenizer, LocalHFServer(tiny_model), farm=client,
+                    max_turn_tokens=16)
+    sessions = [await good.run({}, **row(1, split="val")),
+                await bad.run({"temperature": 1.0}, **row(1, split="val"))]
+    assert good.episode.success and bad.episode.outcome == "format_error"
+    assert len(sessions[0]) == len(good.episode.turns) and len(sessions[1]) == 1
+    keys, dicts = [], []
+    for s, outs in enumerate(sessions):
+        for i, out in enumerate(outs):
+            keys.append(f"uidA_{s}_{i}")
+            dicts.append(out.as_dict())
+    # _agent_loop_postprocess's tags, then _compute_metrics' arrays: no None may reach them
+    lo = np.array([d["extra_fields"]["min_global_steps"] for d in dicts], dtype=int)
+    hi = np.array([d["extra_fields"]["max_global_steps"] for d in dicts], dtype=int)
+    assert (hi - lo + 1).max() == 1
+    width = max(d["responses"].numel() for d in dicts)
+    scores = torch.zeros(len(dicts), width)
+    mask = torch.zeros(len(dicts), width, dtype=torch.int64)
+    for r, d in enumerate(dicts):
+        n = d["responses"].numel()
+        scores[r, :n] = d["rm_scores"]
+        mask[r, :n] = d["response_mask"]
+    data = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask},
+                               non_tensors={"uid": np.array(["uidA"] * len(dicts), dtype=object)})
+    out = compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator="grpo",
+                                                   num_repeat=2, norm_adv_by_std_in_grpo=True)
+    per_row = [float(out.batch["advantages"][r, 0]) for r in range(len(dicts))]
+    solved, failed = per_row[:len(sessions[0])], per_row[len(sessions[0]):]
+    assert len(set(solved)) == 1 and solved[0] > 0
+    assert failed == [pytest.approx(-solved[0])]
