@@ -18,12 +18,20 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationError,
     model_validator,
 )
 
 from envfarm.errors import LLMError
 from envfarm.models import Criteria, parse_raw_response
-from envfarm.verdict import COMPLETE, NOT_COMPLETE, Outcome, Verdict, code_result_outcome
+from envfarm.verdict import (
+    COMPLETE,
+    NOT_COMPLETE,
+    EpisodeContext,
+    Outcome,
+    Verdict,
+    code_result_outcome,
+)
 from judge._verifier_code import Mode
 from judge.format_rules import check_format
 from judge.llm_judge import LLMJudge
@@ -100,7 +108,8 @@ class JudgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     use_llm: Literal["auto", "always", "never"] = Field(
-        default="auto", description="auto: the LLM judges when an endpoint is configured")
+        default="auto", description="auto: the LLM judges sql-mode verifier output when an "
+                                    "endpoint is configured (code mode always decides alone)")
     check_format: bool = Field(default=True, description="apply the six format rules first")
     repair_attempts: int = Field(default=1, ge=0, description="re-asks for an unparseable answer")
     max_chars: int = Field(default=24_000, ge=1000, description="prompt budget per section")
@@ -109,7 +118,8 @@ class JudgeConfig(BaseModel):
 
 
 def code_only_verdict(vr: VerifierResult) -> Verdict:
-    """Decide from a verifier alone: code mode decides, sql mode needs the LLM."""
+    """Decide from a verifier alone: code mode decides, sql mode needs the LLM (invalid here:
+    its facts say nothing by themselves, and a guess would be a fake reward)."""
     if vr.mode == "sql":
         return Verdict.of(Outcome.invalid, "judge_error: sql-mode verifier output needs the LLM "
                           "judge, and none is configured", error_kind="judge_error",
@@ -169,10 +179,29 @@ class Judge:
     async def verify(self, code: str | VerifierCode | None, initial_db: DbInput | None,
                      final_db: DbInput | None, *, task: str | None = None,
                      trajectory: Trajectory | None = None, final_answer: str | None = None,
-                     raw_response: str | None = None, scenario: str | None = None) -> Verdict:
-        """Judge one episode from its parts (paths or bytes for the databases)."""
+                     raw_response: str | None = None, scenario: str | None = None,
+                     context: EpisodeContext | None = None) -> Verdict:
+        """Judge one episode from its parts (paths or bytes for the databases).
+
+        As AWM runs it: a code-mode verifier decides by itself (``"complete"`` / ``"others"``);
+        a sql-mode verifier's output goes to the LLM judge with the trajectory. ``context`` is
+        what the farm passes: with an LLM configured, the task's sql-mode verifier (when it has
+        one) replaces the code-mode ``code``."""
         verifier = VerifierCode(code=code, raw_response=raw_response) if isinstance(
             code, str) else code
+        if context is not None:
+            task = task if task is not None else context.task
+            scenario = scenario or context.scenario
+            if trajectory is None and context.trajectory is not None:
+                try:
+                    trajectory = Trajectory.model_validate(context.trajectory)
+                except ValidationError as exc:
+                    return Verdict.of(Outcome.invalid, "judge_error: the episode's trajectory "
+                                      f"is not readable: {exc.errors()[0]['msg']}",
+                                      error_kind="judge_error")
+            if self.llm is not None and context.sql_code:
+                verifier = VerifierCode(code=context.sql_code, mode="sql",
+                                        raw_response=context.sql_raw_response)
         task = task if task is not None else (trajectory.task if trajectory else "")
         if final_answer is None and trajectory is not None:
             final_answer = trajectory.answer()
@@ -194,11 +223,11 @@ class Judge:
                               error_kind="verifier_error",
                               details={"verifier_error": vr.error,
                                        "verifier_error_kind": vr.error_kind, "mode": vr.mode})
-        if self.llm is None:
+        if self.llm is None or vr.mode == "code":
             return code_only_verdict(vr)
         criteria: Criteria = parse_raw_response(verifier.raw_response)
         return await self.llm.classify(task, vr, criteria, trajectory, final_answer,
-                                       scenario=scenario)
+                                       scenario=scenario, code=verifier.code)
 
     async def judge(self, request: JudgeRequest) -> Verdict:
         initial, final = request.databases()
