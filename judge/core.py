@@ -135,6 +135,23 @@ def code_only_verdict(vr: VerifierResult) -> Verdict:
     return Verdict.of(outcome, f"code verifier returned {value!r}", details=details)
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _db_problem(db: DbInput) -> str | None:
+    """Why ``db`` is not a SQLite database (bytes or a file), or None. Empty is a valid,
+    empty database."""
+    if isinstance(db, bytes):
+        head = db[:16]
+    else:
+        try:
+            with open(db, "rb") as fh:
+                head = fh.read(16)
+        except OSError as exc:
+            return f"cannot be read: {exc.strerror or exc}"
+    return None if not head or head == _SQLITE_HEADER else "is not a SQLite database"
+
+
 def _internal_error(exc: BaseException) -> Verdict:
     # A bug of ours must not sink a whole batch, nor turn into a reward.
     if isinstance(exc, asyncio.CancelledError):
@@ -215,6 +232,11 @@ class Judge:
         if initial_db is None or final_db is None:
             return Verdict.of(Outcome.invalid, "verifier_error: both databases are needed",
                               error_kind="verifier_error")
+        for which, db in (("initial", initial_db), ("final", final_db)):
+            problem = _db_problem(db)
+            if problem:  # a verifier that never opens it would still answer: not a verdict
+                return Verdict.of(Outcome.invalid, f"verifier_error: the {which} database "
+                                  f"{problem}", error_kind="verifier_error")
         vr = await self.sandbox.run(verifier.code, initial_db, final_db, final_answer,
                                     verifier.mode, function_name=verifier.function_name,
                                     raw_response=verifier.raw_response)
