@@ -41,7 +41,7 @@ from judge import (
     VerifierCode,
 )
 
-__all__ = ["EpisodeJudge", "from_config", "settle"]
+__all__ = ["EpisodeJudge", "from_config", "settle", "shared_judge"]
 
 
 class EpisodeJudge:
@@ -173,3 +173,14 @@ def from_config(config: Any, catalog: Catalog) -> EpisodeJudge | None:
     reward = RewardConfig(path="llm", llm_base_url=config.judge_base_url,
                           llm_model=config.judge_model)
     return EpisodeJudge.create(catalog, reward, url=config.judge_url)
+
+
+_SHARED: dict[tuple[str, int], EpisodeJudge] = {}
+
+
+def shared_judge(url: str, catalog: Catalog) -> EpisodeJudge:
+    """One client of a judge service per URL and event loop (the verl agent loop's episodes)."""
+    key = (url, id(asyncio.get_running_loop()))
+    if key not in _SHARED:
+        _SHARED[key] = EpisodeJudge(catalog, url=url)
+    return _SHARED[key]
