@@ -78,7 +78,11 @@ class EpisodeJudge:
         """Take the databases while the lease is ours; the verdict comes later."""
         final = await lease.snapshot()
         initial = await self._initial_db(lease, env)
-        request = self.request(env, task_idx, trajectory, final_answer, initial, final)
+        return self.submit_request(
+            self.request(env, task_idx, trajectory, final_answer, initial, final))
+
+    def submit_request(self, request: JudgeRequest) -> asyncio.Future[Verdict]:
+        """Judge a ready request: now (overlap) or at ``settle`` (the baseline)."""
         if not self.overlap:
             future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
             self._held.append((request, future))
