@@ -151,8 +151,8 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     def fmt(counter: Counter) -> str:
         return ", ".join(f"{k} {v}" for k, v in counter.most_common())
 
-    lines = ["| trajectory | n | code path | judge path (scripted) | same outcome | "
-             "intended class: code / judge |", "|---|---|---|---|---|---|"]
+    lines = [("| trajectory | n | code path | judge path (scripted) | same outcome | "
+              "intended class: code / judge |"), "|---|---|---|---|---|---|"]
     for kind in KINDS:
         mine = [r for r in rows if r["kind"] == kind]
         same = sum(r["code"] == r["judge"] for r in mine)
