@@ -183,3 +183,27 @@ async def test_rollouts_go_on_while_episodes_are_judged(farm, mock, bundled_cata
         assert first_judged < last_rollout
     else:
         assert first_judged >= last_rollout
+
+
+@pytest.mark.slow
+async def test_a_grpo_step_on_judge_rewards(tmp_path, tiny_model, mock, monkeypatch):
+    """``envfarm train`` with ``reward_path: llm``: the guided episode is judged (Partially
+    Completed, 0.1), the random model's is a format error (-1.0, never sent to the judge)."""
+    from envfarm.compose import LocalFarm
+    from trainer.config import TrainConfig
+    from trainer.train import train
+
+    from .test_train import SMALL
+
+    monkeypatch.setenv("ENVFARM_CACHE", str(tiny_model.parents[1]))
+    mock.script(answer("Partially Completed"), repeat=True)
+    cfg = TrainConfig(**{**SMALL, "steps": 1, "out_dir": str(tmp_path / "run"),
+                         "reward_path": "llm", "judge_base_url": mock.url,
+                         "judge_model": "judge"})
+    farm_cfg = FarmConfig(envs=SMALL["envs"], pool=PoolConfig(warm=2))
+    with LocalFarm(farm_cfg) as farm:
+        (record,) = await train(cfg, farm.url, log=lambda _: None)
+    assert record["reward_mean"] == pytest.approx((0.1 - 1.0) / 2)
+    assert record["judge_wait_s"] >= 0 and record["groups_used"] == 1
+    (req,) = mock.requests_for(stage="judge")
+    assert blocks(req.last_user)[1]["mode"] == "sql"
