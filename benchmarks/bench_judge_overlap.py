@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,12 @@ async def one_step(judge_url: str, jobs: list[tuple[int, JudgeRequest]], overlap
     verdicts = await asyncio.gather(*pending)
     step_s = time.perf_counter() - started
     await judge.aclose()
-    outcomes: dict[str, int] = {}
-    for v in verdicts:
-        outcomes[v.outcome.value] = outcomes.get(v.outcome.value, 0) + 1
+    outcomes = Counter(v.outcome.value for v in verdicts)
+    why_invalid = Counter(v.reason[:80] for v in verdicts if not v.valid)
     return {"schedule": "overlap" if overlap else "sequential", "episodes": len(jobs),
             "rollout_s": round(rollout_s, 2), "judge_tail_s": round(step_s - rollout_s, 2),
-            "step_s": round(step_s, 2), "outcomes": outcomes,
+            "step_s": round(step_s, 2), "outcomes": dict(outcomes),
+            "why_invalid": dict(why_invalid.most_common(5)),
             "load_avg_1m": round(os.getloadavg()[0], 1)}
 
 
