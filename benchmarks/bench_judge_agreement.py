@@ -49,7 +49,7 @@ INTENDED = {"good": "completed", "partial": "partially_completed", "bad": "agent
             "env_broken": "environment_error"}
 
 
-def play(runtime: EnvRuntime, task: str, calls: list[Any], answer: str,
+async def play(runtime: EnvRuntime, task: str, calls: list[Any], answer: str,
          broken_last: Any = None) -> tuple[Trajectory, bytes, bytes]:
     """Run ``calls`` on a fresh instance, written down as the agent loop would."""
     inst = runtime.instance()
@@ -59,7 +59,7 @@ def play(runtime: EnvRuntime, task: str, calls: list[Any], answer: str,
             Message(role="assistant", content=tool_call_text("list_tools", {}, "List first.")),
             Message(role="tool", content=tool_content(True, tools, max_chars=1 << 30))]
     for n, call in enumerate(calls, 1):
-        res = inst.call_sync(call.tool, call.arguments)
+        res = await inst.call(call.tool, call.arguments)
         msgs.append(Message(role="assistant", content=call_tool_text(
             call.tool, call.arguments, f"Step {n}: {call.tool}.")))
         err = res.error.model_dump() if res.error else None
@@ -85,6 +85,7 @@ def scripted_judge(references: dict[str, list[Any]]):
         steps = task_json["trajectory"]
         ref = references[task_json["user_task"]]
         made = []
+        steps = [s for s in steps if isinstance(s, dict)]  # a cut is marked by a string
         for i, step in enumerate(steps):
             if step.get("error_kind") == "env_error":
                 return _answer("Environment Error", "a tool answered with a server error")
@@ -129,7 +130,7 @@ async def main() -> None:
                     plays["env_broken"] = (calls[:-1], "The task is done.", calls[-1])
                 sql, code = bundle.verifiers[idx], bundle.code_verifiers[idx]
                 for kind, (done, answer, broken) in plays.items():
-                    traj, initial, final = play(runtime, task, done, answer, broken)
+                    traj, initial, final = await play(runtime, task, done, answer, broken)
                     by_code = await code_judge.verify(code.code, initial, final, trajectory=traj)
                     by_llm = await llm_judge.verify(
                         VerifierCode(code=sql.code, raw_response=sql.raw_response, mode="sql"),

@@ -39,7 +39,6 @@ from judge.llm_judge import LLMJudge
 from judge.sandbox import DbInput, SandboxConfig, VerifierResult, VerifierSandbox
 from judge.trajectory import Trajectory
 
-
 #: Largest database a request may carry once decompressed.
 MAX_DB_BYTES = 512 << 20
 

@@ -3,7 +3,7 @@
 Verifier output is a dict whose decisive field can sit anywhere (``"status_matches": false``
 between two long row dumps). Cutting the serialized text keeps the head and the tail and loses
 the middle; :func:`fit_json` instead shortens *values*: long strings keep their start and say
-how much was cut, long lists keep their first items and say how many were dropped. Every key of
+how much was cut, long lists keep their first and last items and say how many were dropped. Every key of
 every object that is kept stays, with its scalar values intact (numbers, booleans, null and
 short strings are never touched), so a decisive flag survives any amount of bulk around it.
 """
@@ -54,10 +54,13 @@ def _shrink(value: Any, s_cap: int, l_cap: int, depth: int) -> Any:
     if isinstance(value, (list, tuple)):
         if depth >= _DEPTH:
             return _shrink(dumps(value), s_cap, l_cap, depth)
-        kept = [_shrink(v, s_cap, l_cap, depth + 1) for v in value[:l_cap]]
-        if len(value) > l_cap:
-            kept.append(f"...[{len(value) - l_cap} more items cut]")
-        return kept
+        if len(value) <= l_cap:
+            return [_shrink(v, s_cap, l_cap, depth + 1) for v in value]
+        # the first and the last items: a trajectory's end matters as much as its start
+        head, tail = value[:(l_cap + 1) // 2], value[len(value) - l_cap // 2:]
+        return ([_shrink(v, s_cap, l_cap, depth + 1) for v in head]
+                + [f"...[{len(value) - len(head) - len(tail)} more items cut]"]
+                + [_shrink(v, s_cap, l_cap, depth + 1) for v in tail])
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return _shrink(str(value), s_cap, l_cap, depth)

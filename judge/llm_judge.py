@@ -117,6 +117,8 @@ Answer again with ONLY the JSON object, exactly in this shape:
 
 #: Verifier code is context, not evidence: it gets a smaller share of the budget.
 _CODE_CHARS = 16_000
+#: Per tool result in the trajectory (AWM's agent sees results cut to a few thousand too).
+_RESULT_CHARS = 3_000
 
 
 def class_name(value: Any) -> Any:
@@ -230,7 +232,10 @@ def trajectory_steps(trajectory: Trajectory) -> list[dict[str, Any]]:
                 steps.append({"turn": turn, "malformed_call": problem})
         elif msg.role == "tool":
             ok, kind, _ = tool_result(msg)
-            step: dict[str, Any] = {"turn": turn, "result": _tool_payload(msg.content or "")}
+            # each result on its own budget, so one huge answer (list_tools' schemas) does not
+            # squeeze the rest of the trajectory
+            result, _cut = fit_json(_tool_payload(msg.content or ""), _RESULT_CHARS)
+            step: dict[str, Any] = {"turn": turn, "result": result}
             if not ok:
                 step["error_kind"] = kind
             steps.append(step)

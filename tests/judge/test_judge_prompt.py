@@ -137,7 +137,10 @@ def test_fit_keeps_every_key_and_a_decisive_middle_field():
     assert fitted["checks"] == value["checks"]  # short values untouched
     assert fitted["note"] is None
     assert fitted["log"].endswith("more chars cut]")
-    assert fitted["rows_after"][-1].endswith("more items cut]")
+    marks = [i for i, row in enumerate(fitted["rows_after"]) if isinstance(row, str)]
+    assert len(marks) == 1 and fitted["rows_after"][marks[0]].endswith("more items cut]")
+    assert fitted["rows_after"][-1]["id"] == 399  # the last item is kept, as is the first
+    assert fitted["rows_after"][0]["id"] == 0
     assert set(fitted["rows_after"][0]) == {"id", "title", "description"}
     small = {"a": 1, "b": "short"}
     assert fit_json(small, 1000) == (small, False)
