@@ -232,18 +232,22 @@ def test_request_carries_databases_as_base64(awm_cases):
     assert back.databases() == (case.initial, "/x.db")
 
 
-def test_request_databases_travel_compressed_and_raw_is_read_too(awm_cases):
+def test_request_databases_travel_compressed_and_raw_is_read_too(awm_cases, monkeypatch):
     import base64
     import zlib
 
     from pydantic import ValidationError
+
+    import judge.core
+
+    monkeypatch.setattr(judge.core, "MAX_DB_BYTES", 1 << 20)  # a small cap: a cheap bomb
 
     case = awm_cases[0]
     wire = json.loads(JudgeRequest(task="t", initial_db_b64=case.initial).model_dump_json())
     assert len(wire["initial_db_b64"]) < len(case.initial) / 4  # zlib: ~10x on SQLite pages
     raw = {"task": "t", "initial_db_b64": base64.b64encode(case.initial).decode()}
     assert JudgeRequest.model_validate(raw).initial_db_b64 == case.initial  # older clients
-    bomb = base64.b64encode(zlib.compress(b"\0" * (600 << 20), 9)).decode()  # 600 MiB inflated
+    bomb = base64.b64encode(zlib.compress(b"\0" * (3 << 20), 9)).decode()  # 3 MiB inflated
     with pytest.raises(ValidationError, match="MiB"):
         JudgeRequest.model_validate({"task": "t", "final_db_b64": bomb})
     broken = base64.b64encode(b"\x78\x9cnot zlib at all").decode()
