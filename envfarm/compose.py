@@ -11,13 +11,17 @@ import time
 from typing import Self
 
 from envfarm.catalog import Catalog
+from envfarm.errors import JudgeError
 from envfarm.farm import FarmConfig, FarmCore, VerifierFactory, free_port, make_server
+from envfarm.llm import LLMClient, LLMConfig
 from envfarm.runtime import EnvRuntime
+from envfarm.verdict import RewardConfig
 
 __all__ = [
     "LocalFarm",
     "code_judge",
     "compose_core",
+    "judge_for",
 ]
 
 
@@ -35,19 +39,48 @@ def code_judge(config: FarmConfig) -> VerifierFactory:
     return make
 
 
+def judge_for(config: FarmConfig, reward: RewardConfig | None = None) -> VerifierFactory:
+    """The judge on the farm's reward path: ``code`` (:func:`code_judge`) or ``llm`` (the
+    paper's: the task's sql-mode verifier output and the episode's trajectory, sent with
+    ``verify``, go to an LLM judge over any OpenAI-compatible endpoint; a task without an
+    sql-mode verifier falls back to its code-mode one). ``reward`` defaults to
+    ``RewardConfig.from_env()`` (``ENVFARM_REWARD_PATH``, ``ENVFARM_JUDGE_BASE_URL`` ...)."""
+    reward = reward or RewardConfig.from_env()
+    if reward.path == "code":
+        return code_judge(config)
+    llm = LLMConfig.from_env(max_concurrency=256, **reward.llm_overrides())
+    if not llm.base_url:  # say so at start-up, not at the first verification
+        raise JudgeError("the llm reward path needs the judge's OpenAI-compatible endpoint: "
+                         "set ENVFARM_JUDGE_BASE_URL (or ENVFARM_LLM_BASE_URL) and a model")
+
+    def make() -> object:
+        from judge import Judge, JudgeConfig, SandboxConfig
+
+        sandbox = SandboxConfig(workers=config.verifier_workers,
+                                timeout_s=config.verifier_timeout_s)
+        # Format rules are the trainer's (it ends an episode at the first violation).
+        client = LLMClient(llm)
+        return Judge(JudgeConfig(use_llm="always", check_format=False, sandbox=sandbox),
+                     llm_client=client)
+
+    return make
+
+
 def compose_core(config: FarmConfig, owner: str | None = None, catalog: Catalog | None = None,
-                 runtimes: dict[str, EnvRuntime] | None = None) -> FarmCore:
-    """A farm core that verifies leases with the judge."""
+                 runtimes: dict[str, EnvRuntime] | None = None,
+                 reward: RewardConfig | None = None) -> FarmCore:
+    """A farm core that verifies leases with the judge on ``reward``'s path (see
+    :func:`judge_for`)."""
     return FarmCore(config, owner=owner, catalog=catalog, runtimes=runtimes,
-                    verifier=code_judge(config))
+                    verifier=judge_for(config, reward))
 
 
 class LocalFarm:
     """A ``--no-ray`` farm on a background thread (demo, tests, benchmarks)."""
 
     def __init__(self, config: FarmConfig, host: str = "127.0.0.1", port: int = 0,
-                 catalog: Catalog | None = None) -> None:
-        self.core = compose_core(config, catalog=catalog)
+                 catalog: Catalog | None = None, reward: RewardConfig | None = None) -> None:
+        self.core = compose_core(config, catalog=catalog, reward=reward)
         self.host = host
         self.port = port or free_port(host)
         self.server = make_server(self.core, host, self.port)

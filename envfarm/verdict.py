@@ -9,8 +9,9 @@ rollout instead of learning from a fake 0.
 
 from __future__ import annotations
 
+import os
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,8 +19,11 @@ __all__ = [
     "COMPLETE",
     "NOT_COMPLETE",
     "REWARDS",
+    "EpisodeContext",
     "EpisodeVerifier",
     "Outcome",
+    "RewardConfig",
+    "RewardPath",
     "Verdict",
     "code_result_outcome",
     "reward_for",
@@ -119,12 +123,58 @@ class Verdict(BaseModel):
         return cls(outcome=outcome, reason=reason, **fields)
 
 
+#: Where rewards come from: ``code`` (the task's code-mode verifier decides: cheap, for tests)
+#: or ``llm`` (the paper's: the sql-mode verifier's output and the trajectory go to an LLM judge).
+RewardPath = Literal["code", "llm"]
+
+
+class RewardConfig(BaseModel):
+    """The reward path of a farm or a trainer, and the judge's OpenAI-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: RewardPath = Field(default="code", description="code | llm")
+    llm_base_url: str | None = Field(default=None, description="the judge model's endpoint "
+                                     "(default: ENVFARM_JUDGE_BASE_URL, then ENVFARM_LLM_BASE_URL)")
+    llm_model: str | None = Field(default=None, description="the judge model (default: "
+                                  "ENVFARM_JUDGE_MODEL, then ENVFARM_LLM_MODEL)")
+
+    @classmethod
+    def from_env(cls) -> RewardConfig:
+        """``ENVFARM_REWARD_PATH`` and the judge endpoint variables (how Serve replicas, which
+        build their own farm, learn the path)."""
+        return cls(path=os.environ.get("ENVFARM_REWARD_PATH", "code"),  # type: ignore[arg-type]
+                   llm_base_url=os.environ.get("ENVFARM_JUDGE_BASE_URL"),
+                   llm_model=os.environ.get("ENVFARM_JUDGE_MODEL"))
+
+    def llm_overrides(self) -> dict[str, Any]:
+        """``envfarm.llm.LLMConfig`` overrides for the judge's client."""
+        return {k: v for k, v in (("base_url", self.llm_base_url), ("model", self.llm_model))
+                if v}
+
+
+class EpisodeContext(BaseModel):
+    """What the farm knows of an episode besides its databases; the LLM judge reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str | None = Field(default=None, description="the user task")
+    task_idx: int | None = Field(default=None, description="its index in the env")
+    scenario: str | None = Field(default=None, description="the env's name")
+    trajectory: dict[str, Any] | None = Field(
+        default=None, description="the agent's episode (a judge.Trajectory as JSON)")
+    sql_code: str | None = Field(default=None, description="the task's sql-mode verifier")
+    sql_raw_response: str | None = Field(default=None,
+                                         description="its AWM raw_response (criteria)")
+
+
 class EpisodeVerifier(Protocol):
     """What the farm needs of a verifier (``judge.Judge`` is one): judge an episode of a task
-    from its verifier code and its two databases. Never raises for bad verifier code: a
-    verifier that fails gives an invalid verdict."""
+    from its verifier code and its two databases (and, for an LLM judge, the context). Never
+    raises for bad verifier code: a verifier that fails gives an invalid verdict."""
 
     async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
-                     final_answer: str | None = None) -> Verdict: ...
+                     final_answer: str | None = None,
+                     context: EpisodeContext | None = None) -> Verdict: ...
 
     async def aclose(self) -> None: ...

@@ -179,6 +179,9 @@ class VerifyRequest(_Wire):
     task_idx: int | None = Field(default=None, ge=0)
     final_answer: str | None = Field(default=None, max_length=100_000,
                                      description="The agent's final answer, if any.")
+    trajectory: dict[str, Any] | None = Field(
+        default=None, description="The episode (a judge.Trajectory as JSON): what a farm on the "
+        "llm reward path shows its judge. Ignored on the code path.")
 
 
 class VerifyResponse(Verdict):

@@ -4,7 +4,8 @@
 2. ``call_tool`` names a tool that ``list_tools`` returned;
 3. arguments are valid JSON and conform to the tool's schema;
 4. ``list_tools`` is called exactly once, and first;
-5. with several turns, at least one real tool call succeeds;
+5. with more than one turn, at least one call beyond ``list_tools`` succeeds (so ``list_tools``
+   then a refusal is a format error, as the paper penalizes refusals);
 6. a server error in a tool result is the environment's fault, not a format error.
 
 The first violating step is reported; a violation ends the episode with reward −1.0, an
@@ -115,7 +116,7 @@ class _Checker:
         if self.list_tools_calls == 0:
             self.step = last_assistant or 0
             raise _Violation(FormatRule.list_tools_first, "list_tools was never called")
-        if self.turn + 1 > 2 and self.successes == 0:
+        if self.turn + 1 > 1 and self.successes == 0:
             self.step = last_assistant or 0
             raise _Violation(FormatRule.successful_call,
                              f"{self.turn + 1} turns and no successful tool call")
@@ -161,7 +162,12 @@ class _Checker:
             raise _Violation(FormatRule.valid_arguments,
                              f"arguments of {name} must be a JSON object")
         if self.listed is None:
-            return  # nothing known to compare with: neither list_tools' answer nor schemas
+            # list_tools answered something that is not a tool list, and the trajectory has no
+            # copy: no name can be checked, so nothing the agent calls passes as known. Not the
+            # agent's fault either: the environment's answer is unusable (rule 6).
+            raise _Violation(FormatRule.environment_error,
+                             f"call_tool({name!r}) after a list_tools answer that is not a "
+                             "tool list: tool names cannot be checked")
         tool = self.listed.get(name)
         if tool is None:
             raise _Violation(FormatRule.known_tool, f"{name!r} is not a tool list_tools returned")
@@ -187,9 +193,10 @@ class _Checker:
             return
         if call.name == LIST_TOOLS:
             tools = listed_tools(payload) if ok else None
-            if tools is None:
-                tools = self.t.tools or None
-            self.listed = {tool.name: tool for tool in tools} if tools else None
+            if tools is None and self.t.tools:
+                tools = self.t.tools
+            # An empty list is a list: every call_tool after it names an unknown tool.
+            self.listed = {tool.name: tool for tool in tools} if tools is not None else None
             if self.listed and self.t.tools:
                 # list_tools' answer may omit schemas; the trajectory's copy has them
                 for schema in self.t.tools:

@@ -59,6 +59,8 @@ class Trajectory(BaseModel):
                                     description="the environment's real tools (schemas)")
     scenario: str | None = Field(default=None, description="AWM scenario name")
     task_idx: int | None = Field(default=None, description="index of the task in the scenario")
+    max_turns: int | None = Field(default=None, ge=1,
+                                  description="the execution budget: assistant turns allowed")
 
     def answer(self) -> str | None:
         """The final answer: the explicit one, else the last assistant text without a call."""

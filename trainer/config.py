@@ -64,6 +64,15 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
+    # rewards
+    reward_path: str = Field(default="code", pattern="^(code|llm)$",
+                             description="code: the farm's verify (code-mode verifier decides); "
+                             "llm: the paper's code-augmented LLM judge (trainer/judging.py)")
+    judge_url: str | None = Field(default=None, description="llm path: a judge service "
+                                  "(POST /judge); None: a judge in the trainer process")
+    judge_base_url: str | None = Field(default=None, description="llm path, in process: the "
+                                       "judge model's OpenAI-compatible endpoint")
+    judge_model: str | None = Field(default=None, description="llm path: the judge model")
     # bookkeeping
     checkpoint_every: int = Field(default=1, ge=1)
     keep_checkpoints: int = Field(default=2, ge=1)

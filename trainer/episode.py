@@ -55,6 +55,8 @@ class EpisodeConfig:
                                    # small models); "names": the names alone (tiny CPU
                                    # models); the schemas stay in the trajectory
     system: str = field(default_factory=system_prompt)
+    judge: Any = None              # a trainer.judging.EpisodeJudge: the llm reward path
+                                   # (None: the farm's verify, the code path)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class EpisodeResult:
     env_seconds: float = 0.0     # time spent waiting on the farm
     policy_seconds: float = 0.0  # time spent waiting on the policy
     details: dict[str, Any] = field(default_factory=dict)
+    pending: Any = None          # the verdict being judged (llm path): trainer.judging.settle
 
     @property
     def success(self) -> bool:
@@ -127,6 +130,7 @@ class _Episode:
         self.env_calls = 0
         self.env_s = 0.0
         self.policy_s = 0.0
+        self.pending: Any = None
 
     async def run(self, lease: Lease | None) -> EpisodeResult:
         started = time.perf_counter()
@@ -159,7 +163,7 @@ class _Episode:
             reason=verdict.reason, trajectory=self._trajectory(), turns=self.turns,
             lease_id=lease.lease_id if lease else None, env_calls=self.env_calls,
             seconds=time.perf_counter() - started, env_seconds=self.env_s,
-            policy_seconds=self.policy_s, details=verdict.details)
+            policy_seconds=self.policy_s, details=verdict.details, pending=self.pending)
 
     async def _farm(self, awaitable: Any) -> Any:
         t = time.perf_counter()
@@ -171,7 +175,7 @@ class _Episode:
     def _trajectory(self) -> Trajectory:
         return Trajectory(task=self.task, messages=list(self.messages),
                           final_answer=self.final_answer, tools=self.tools, scenario=self.env,
-                          task_idx=self.task_idx)
+                          task_idx=self.task_idx, max_turns=self.cfg.max_turns)
 
     async def _turns(self, lease: Lease) -> EndReason:
         for turn in range(self.cfg.max_turns):
@@ -241,6 +245,11 @@ class _Episode:
         if verdict is not None:  # e.g. rule 5 on the whole episode: no verify needed
             return verdict
         self.env_calls += 1
+        if self.cfg.judge is not None:  # llm path: judged after the lease is given back
+            self.pending = await self._farm(self.cfg.judge.submit(
+                lease, self.env, self.task_idx, self._trajectory(), self.final_answer))
+            return Verdict.of(Outcome.invalid, "being judged", error_kind="judge_pending",
+                              details={"end": end.value})
         res = await self._farm(lease.verify(self.task_idx, self.final_answer))
         return Verdict.of(Outcome(res.outcome), res.reason,
                           details={"verifier": res.details, "end": end.value})

@@ -20,7 +20,7 @@ from typing import Any
 from envfarm import load_catalog
 from envfarm.client import EnvfarmError, Farm
 from judge import Outcome
-from trainer import checkpoint, metrics
+from trainer import checkpoint, judging, metrics
 from trainer.config import TrainConfig
 from trainer.episode import EpisodeConfig, EpisodeResult, TurnRecord, run_episode
 from trainer.grpo import (
@@ -76,9 +76,11 @@ class Trainer:
         catalog = load_catalog(config.catalog)
         self.guide = ScriptedPolicy.from_catalog(catalog)
         self.tasks = self._task_list(catalog)
+        self.judge = judging.from_config(config, catalog)  # None on the code path
         self.episode_cfg = EpisodeConfig(max_turns=config.max_turns, window=config.window,
                                          tool_listing=config.tool_listing,
-                                         max_tool_chars=config.max_tool_chars)
+                                         max_tool_chars=config.max_tool_chars,
+                                         judge=self.judge)
         self.grpo_cfg = GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
                                    kl_coef=config.kl_coef, micro_batch=config.micro_batch,
                                    max_grad_norm=config.max_grad_norm,
@@ -119,6 +121,9 @@ class Trainer:
             groups = await asyncio.gather(*(self._group(farm, gate, env, idx)
                                             for env, idx in self.pick_tasks(step)))
         rollout_s = time.perf_counter() - started
+        t = time.perf_counter()
+        await judging.settle([e for g in groups for e in g], self.judge)
+        judge_wait_s = time.perf_counter() - t  # judging not hidden behind the rollouts
         samples, used = self._samples(groups)
         t = time.perf_counter()
         self.grpo_cfg.seed = self.cfg.seed * 1_000_003 + step  # mini-batch shuffling
@@ -129,7 +134,8 @@ class Trainer:
         record = {"step": step, **metrics.episode_metrics(episodes, rollout_s),
                   "groups": len(groups), "groups_used": used,
                   "groups_lost": sum(1 for g in groups if not g),
-                  "update_s": update_s, "step_s": time.perf_counter() - started,
+                  "update_s": update_s, "judge_wait_s": judge_wait_s,
+                  "step_s": time.perf_counter() - started,
                   **{f"update_{k}": v for k, v in stats.items()}}
         metrics.append(self.metrics_path, record)
         metrics.plot(metrics.read(self.metrics_path), self.plot_path)
@@ -200,10 +206,14 @@ async def train(config: TrainConfig, farm_url: str, log: Any = print) -> list[di
     """Run steps until ``config.steps`` are done (resuming where a checkpoint says)."""
     trainer = Trainer(config, farm_url)
     records = []
-    while not trainer.done:
-        record = await trainer.train_step()
-        records.append(record)
-        log(json.dumps(headline(record)))
+    try:
+        while not trainer.done:
+            record = await trainer.train_step()
+            records.append(record)
+            log(json.dumps(headline(record)))
+    finally:
+        if trainer.judge is not None:
+            await trainer.judge.aclose()
     return records
 
 

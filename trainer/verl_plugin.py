@@ -33,6 +33,7 @@ How the pieces map onto verl 0.9.1 (``verl.experimental.agent_loop``):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from verl.workers.rollout.replica import TokenOutput
 from envfarm.client import Farm
 from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
 from trainer.grpo import group_advantages
+from trainer.judging import settle, shared_judge
 from trainer.policy import ScriptedPolicy
 from trainer.verl_bridge import ServerPolicy, turn_outputs
 from trainer.window import DEFAULT_WINDOW
@@ -168,7 +170,9 @@ class EnvfarmAgentLoop(AgentLoopBase):
     ``rollout.response_length``); ``policy``: ``server`` (verl's LLM servers, the default) or
     ``scripted`` (replay reference solutions: a model-free smoke run of the whole pipeline);
     ``gate_timeout_s``; ``tool_listing`` (``full``; ``compact`` for small models' contexts);
-    ``max_tool_chars``; ``farm`` (an SDK ``Farm``, for embedding).
+    ``max_tool_chars``; ``farm`` (an SDK ``Farm``, for embedding); ``reward_path``: ``code``
+    (the farm's verify, the default) or ``llm`` with ``judge_url`` (a judge service: the
+    paper's code-augmented LLM judge, see trainer/judging.py).
     """
 
     def __init__(self, *args: Any, farm_url: str = "http://127.0.0.1:8000",
@@ -176,7 +180,8 @@ class EnvfarmAgentLoop(AgentLoopBase):
                  max_turn_tokens: int | None = None, policy: str = "server",
                  gate_timeout_s: float = 1800.0, farm: Farm | None = None,
                  tool_listing: str = "full", max_tool_chars: int = 8000,
-                 name: str | None = None, **kwargs: Any) -> None:
+                 name: str | None = None, reward_path: str = "code",
+                 judge_url: str | None = None, **kwargs: Any) -> None:
         wrapped = kwargs.get("trainer_config", args[0] if args else None)
         trainer_cfg = getattr(wrapped, "config", {}).get("trainer", {}) or {}
         if not trainer_cfg.get("use_v1", False):
@@ -191,6 +196,9 @@ class EnvfarmAgentLoop(AgentLoopBase):
         self.episode_config = EpisodeConfig(max_turns=max_turns, window=window,
                                             tool_listing=tool_listing,
                                             max_tool_chars=max_tool_chars)
+        if reward_path not in ("code", "llm") or (reward_path == "llm" and not judge_url):
+            raise ValueError("reward_path is 'code', or 'llm' with judge_url (a judge service)")
+        self.judge_url = judge_url if reward_path == "llm" else None
         limit = int(self.rollout_config.response_length)
         self.max_turn_tokens = min(limit, max_turn_tokens or limit)
         self.gate_timeout_s = gate_timeout_s
@@ -208,7 +216,12 @@ class EnvfarmAgentLoop(AgentLoopBase):
         farm = self.farm or shared_farm(self.farm_url)
         policy = self._policy(sampling_params, env, task_idx)
         started = time.perf_counter()
-        result = await run_episode(farm, policy, env, task_idx, config=self.episode_config)
+        config = self.episode_config
+        if self.judge_url:  # llm path: the slot is free while the judge service decides
+            judge = shared_judge(self.judge_url, _catalog())
+            config = dataclasses.replace(config, judge=judge)
+        result = await run_episode(farm, policy, env, task_idx, config=config)
+        await settle([result])
         self.episode = result
         reward = result.reward if result.valid else None
         if split_of(kwargs) == "train" and "uid" in kwargs and int(self.rollout_config.n) > 1:

@@ -41,7 +41,7 @@ from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
-from envfarm.verdict import EpisodeVerifier, Outcome, Verdict
+from envfarm.verdict import EpisodeContext, EpisodeVerifier, Outcome, Verdict
 from envfarm.worker import WorkerEnv, WorkerLost, WorkerOptions, WorkerStartError
 from envfarm.wire import (
     BatchError,
@@ -469,9 +469,14 @@ class FarmCore:
         else:
             initial, final = lease.instance.initial_snapshot(), await self.snapshot(lease)
             verifier = bundle.code_verifiers.get(task_idx)
+            sql = bundle.verifiers.get(task_idx)  # what an llm-path judge reads instead
+            context = EpisodeContext(
+                task=bundle.tasks[task_idx], task_idx=task_idx, scenario=lease.env,
+                trajectory=req.trajectory, sql_code=sql.code if sql else None,
+                sql_raw_response=sql.raw_response if sql else None)
             verdict = await (await self.verifier.get()).verify(
                 verifier.code if verifier else None, initial, final,
-                final_answer=req.final_answer)
+                final_answer=req.final_answer, context=context)
         lease.touch()
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
@@ -505,7 +510,8 @@ class _NoVerifier:
     """The verifier of a farm composed without one: every verification is invalid."""
 
     async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
-                     final_answer: str | None = None) -> Verdict:
+                     final_answer: str | None = None,
+                     context: EpisodeContext | None = None) -> Verdict:
         return Verdict.of(Outcome.invalid, "verifier_error: this farm was started without a "
                           "verifier", error_kind="verifier_error")
 

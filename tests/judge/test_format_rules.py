@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from judge import FormatRule, Outcome, check_format
 
 
@@ -82,8 +84,51 @@ def test_rule5_no_successful_call(traj):
     assert report.step == len(t.messages) - 1
 
 
-def test_rule5_does_not_apply_to_two_turns(traj):
-    assert check_format(traj("task").list_tools().final("I cannot help.").build()).ok
+def test_rule5_list_tools_then_a_refusal_is_a_format_error(traj):
+    # The paper penalizes refusals: two turns and no real call is not a pass.
+    report = check_format(traj("task").list_tools().final("I cannot help with that.").build())
+    assert report.rule is FormatRule.successful_call and report.turn == 1
+    verdict = report.to_verdict()
+    assert (verdict.outcome, verdict.reward) == (Outcome.format_error, -1.0)
+
+
+def test_rule5_one_successful_call_is_enough(traj):
+    t = (traj("task").list_tools().use("search_products", {"query": "x"}, ok=False)
+         .use("search_products", {"query": "y"}).final("Nothing matches."))
+    assert check_format(t.build()).ok
+
+
+def test_rule2_an_empty_tool_list_names_no_tool(traj):
+    t = traj("task")
+    t.call("list_tools", {})
+    t.tool({"ok": True, "result": []})
+    t.use("search_products", {"query": "x"}).final()
+    report = check_format(t.build())
+    assert report.rule is FormatRule.known_tool and report.turn == 1
+
+
+@pytest.mark.parametrize("answer", ["tools: search_products, add_item_to_cart",
+                                    {"ok": True, "result": {"count": 2}},
+                                    {"ok": True, "result": "search_products"}])
+def test_rule2_an_unreadable_tool_list_is_no_free_pass(traj, answer):
+    t = traj("task")
+    t.call("list_tools", {})
+    t.tool(answer)
+    t.use("made_up_tool", {"anything": 1}).final()
+    report = check_format(t.build())
+    # no name can be checked: not a pass, and not the agent's fault -> invalid, never a reward
+    assert report.rule is FormatRule.environment_error and report.turn == 1
+    verdict = report.to_verdict()
+    assert verdict.valid is False and verdict.reward is None
+
+
+def test_rule2_unreadable_list_falls_back_to_the_trajectory_tools(traj, shop_tools):
+    t = traj("task")
+    t.call("list_tools", {})
+    t.tool("tools: search_products, add_item_to_cart")
+    t.use("made_up_tool", {}).final()
+    report = check_format(t.build().model_copy(update={"tools": shop_tools}))
+    assert report.rule is FormatRule.known_tool
 
 
 def test_rule6_server_error_is_an_environment_error(traj):
@@ -118,6 +163,9 @@ def test_reasoning_content_and_open_think_count(traj):
     body = json.dumps({"name": "list_tools", "arguments": {}})
     t.messages.append({"role": "assistant", "content": f"<tool_call>{body}</tool_call>",
                        "reasoning_content": "Let me look."})
+    t.tool({"ok": True, "result": ["search_products"]})
+    t.say('I looked around first.</think>\n<tool_call>{"name": "call_tool", "arguments": '
+          '{"tool_name": "search_products", "arguments": "{\\"query\\": \\"x\\"}"}}</tool_call>')
     t.tool({"ok": True, "result": []})
-    t.say("I looked around first.</think>\nNothing to do.")  # template-opened <think>
+    t.say("Found nothing.</think>\nNothing to do.")  # template-opened <think>
     assert check_format(t.build()).ok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -55,6 +56,14 @@ async def sql_case_verdict(judge: Judge, case, final: bytes, trajectory=None):
                               raw_response=case.sql["raw_response"], trajectory=trajectory)
 
 
+def prompt_blocks(prompt: str) -> tuple[dict, dict]:
+    """The two data blocks of a judge prompt, decoded."""
+    task = re.search(r"<task_json>\n(.*)\n</task_json>", prompt, re.DOTALL)
+    verification = re.search(r"<verification_json>\n(.*)\n</verification_json>", prompt,
+                             re.DOTALL)
+    return json.loads(task.group(1)), json.loads(verification.group(1))
+
+
 # -- classification end to end --------------------------------------------------------------
 
 async def test_reference_solution_is_completed(llm_judge, mock, awm_cases, good_traj):
@@ -67,18 +76,26 @@ async def test_reference_solution_is_completed(llm_judge, mock, awm_cases, good_
     # what the judge saw: the task, the trajectory, the verifier's facts and the criteria
     (req,) = mock.requests_for(stage="judge")
     prompt = req.last_user
-    assert case.task in prompt
-    assert "AGENT CALLS call_tool" in prompt and "add_item_to_cart" in prompt
-    assert '"correct_offer_in_final_cart": true' in prompt
-    assert "Success criteria" in prompt and "Failure criteria" in prompt
+    task_json, verification_json = prompt_blocks(prompt)
+    assert task_json["user_task"] == case.task
+    calls = [s for s in task_json["trajectory"] if s.get("tool_call") == "call_tool"]
+    assert calls[-1]["arguments"]["tool_name"] == "add_item_to_cart"
+    assert task_json["actual_execution_steps"] == 4
+    summary = verification_json["code_execution_result"]["judgment_summary"]
+    assert summary["correct_offer_in_final_cart"] is True
+    criteria = json.loads(case.sql["raw_response"])
+    assert verification_json["success_criteria"] == criteria["success_criteria"]
+    assert verification_json["failure_criteria"] == criteria["failure_criteria"]
+    assert verification_json["code"] == case.sql["code"]  # the paper's judge reads the code
+    assert "shortened" not in prompt  # all of it fit
     assert req.body["temperature"] == 0.0
 
 
 async def test_noop_is_not_completed(llm_judge, mock, awm_cases):
     case = awm_cases[0]
     # the judge answers from what it sees: script by the verifier facts in the prompt
-    mock.script(answer("Agent Error"), pattern=r'"correct_offer_in_final_cart": false')
-    mock.script(answer("Completed"), pattern=r'"correct_offer_in_final_cart": true')
+    mock.script(answer("Agent Error"), pattern=r'"correct_offer_in_final_cart":false')
+    mock.script(answer("Completed"), pattern=r'"correct_offer_in_final_cart":true')
     noop = await sql_case_verdict(llm_judge, case, case.initial)
     done = await sql_case_verdict(llm_judge, case, case.solved)
     assert (noop.outcome, noop.reward) == (Outcome.agent_error, 0.0)
@@ -213,3 +230,26 @@ def test_request_carries_databases_as_base64(awm_cases):
     back = JudgeRequest.model_validate(wire)
     assert back.initial_db_b64 == case.initial
     assert back.databases() == (case.initial, "/x.db")
+
+
+def test_request_databases_travel_compressed_and_raw_is_read_too(awm_cases, monkeypatch):
+    import base64
+    import zlib
+
+    from pydantic import ValidationError
+
+    import judge.core
+
+    monkeypatch.setattr(judge.core, "MAX_DB_BYTES", 1 << 20)  # a small cap: a cheap bomb
+
+    case = awm_cases[0]
+    wire = json.loads(JudgeRequest(task="t", initial_db_b64=case.initial).model_dump_json())
+    assert len(wire["initial_db_b64"]) < len(case.initial) / 4  # zlib: ~10x on SQLite pages
+    raw = {"task": "t", "initial_db_b64": base64.b64encode(case.initial).decode()}
+    assert JudgeRequest.model_validate(raw).initial_db_b64 == case.initial  # older clients
+    bomb = base64.b64encode(zlib.compress(b"\0" * (3 << 20), 9)).decode()  # 3 MiB inflated
+    with pytest.raises(ValidationError, match="MiB"):
+        JudgeRequest.model_validate({"task": "t", "final_db_b64": bomb})
+    broken = base64.b64encode(b"\x78\x9cnot zlib at all").decode()
+    with pytest.raises(ValidationError, match="zlib"):
+        JudgeRequest.model_validate({"task": "t", "final_db_b64": broken})

@@ -58,7 +58,8 @@ async def test_scripted_policy_solves_every_bundled_task(farm, farm_core, bundle
     ([LIST, LIST], EndReason.format_error, -1.0),                               # list twice
     (["<think>a</think><tool_call>{\"name\": \"list_tools\"}</tool_call>"
       "<tool_call>{\"name\": \"list_tools\"}</tool_call>"], EndReason.format_error, -1.0),
-    ([LIST, final_text("done", "I give up")], EndReason.final_answer, 0.0),     # agent error
+    # list_tools then a refusal: rule 5 (the paper penalizes refusals), not an agent error
+    ([LIST, final_text("done", "I give up")], EndReason.final_answer, -1.0),
 ])
 async def test_bad_turns_end_typed_and_release(farm, farm_core, texts, end, reward):
     result = await run_episode(farm, Lines(*texts), ENV, 0)
