@@ -177,6 +177,9 @@ def main() -> None:
                     help="farm kinds (bench_dataplane.Farm), comma-separated")
     ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                     help="py-spy the first farm kind's front and a worker for this long")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="also run the first farm kind from this checkout (e.g. `git archive "
+                         "main | tar -x -C DIR`), as 'baseline' in the same rounds")
     ap.add_argument("--note", default="", help="what else ran on the machine, kept in the JSON")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -187,6 +190,8 @@ def main() -> None:
                     "load_avg": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": []}
     farms = {k: Farm(k, warm=LEASES) for k in kinds}
+    if args.baseline:
+        farms["baseline"] = Farm(kinds[0], warm=LEASES, repo=args.baseline.resolve())
     awm = AWM(1)
     try:
         if args.profile:
