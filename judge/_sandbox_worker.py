@@ -32,8 +32,11 @@ are one JSON object per datagram.
 
 from __future__ import annotations
 
+import base64
 import builtins
+import gc
 import json
+import marshal
 import os
 import select
 import signal
@@ -202,6 +205,8 @@ def _harden(conn) -> None:
 
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_LENGTH, 64 << 20)
+    # Sorts and temporary tables in memory: the jail lets the process create no file.
+    sqlite3.Connection.execute(conn, "PRAGMA temp_store=MEMORY")
     sqlite3.Connection.set_authorizer(conn, _authorize)
 
 
@@ -230,6 +235,8 @@ def _locked_connection_class(state: _CallState) -> type:
 
 
 _LockedConnection: type | None = None
+_STATE: _CallState | None = None
+_BUILTINS: dict | None = None
 
 
 def _sqlite_shim(state: _CallState) -> types.ModuleType:
@@ -268,16 +275,12 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def _run_one(req: dict, state: _CallState, builtins_: dict, max_result: int) -> dict:
+def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: dict,
+             max_result: int) -> dict:
     state.db_uris = {
         os.path.normpath(path): uri for path, uri in ((req["initial"], req["initial_uri"]),
                                                       (req["final"], req["final_uri"]))
     }
-    try:
-        compiled = compile(req["code"], "<verifier>", "exec")
-    except SyntaxError as exc:
-        return {"ok": False, "kind": "syntax", "error": f"syntax error: {exc}"}
-
     glb = {"__builtins__": builtins_, "__name__": "verifier"}
     try:
         exec(compiled, glb)  # noqa: S102 - running it, fenced, is this process's only job
@@ -317,19 +320,20 @@ def _run_one(req: dict, state: _CallState, builtins_: dict, max_result: int) -> 
     return {"ok": True, "result_json": text}
 
 
-def _verify_once(jail, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
+def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
-    jail.enter(jail.JailPolicy(memory_mb=None, cpu_s=cpu_s, threads=False, processes=False,
-                               new_session=False, min_landlock_abi=0, require_seccomp=False),
-               keep_fds=(0, 1, 2, req_fd, rep_fd))
+    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd), cpu_s=cpu_s)
+    gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
     req = _recv(req_fd)
     os.close(req_fd)
-    state = _CallState()
-    global _LockedConnection
-    _LockedConnection = _locked_connection_class(state)
-    sys.addaudithook(_make_hook(state, config["read_roots"]))
+    # The staging folder holds other verifications' databases: from here, only this one's two.
+    jail.restrict_reads([*config["roots"], req["initial"], req["final"]])
+    # The front compiled it (once per verifier); loading it comes before the hook, which
+    # refuses marshal to the verifier.
+    compiled = marshal.loads(base64.b64decode(req["bytecode"]))
+    sys.addaudithook(_make_hook(_STATE, config["read_roots"]))
     try:
-        reply = _run_one(req, state, _safe_builtins(state), int(config["max_result_bytes"]))
+        reply = _run_one(req, compiled, _STATE, _BUILTINS, int(config["max_result_bytes"]))
     except MemoryError:  # e.g. serializing a huge result
         reply = {"ok": False, "kind": "memory", "error": "memory limit exceeded (MemoryError)"}
     except BaseException as exc:  # noqa: BLE001 - report; the process ends here anyway
@@ -362,7 +366,19 @@ def _zygote(config: dict) -> None:
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
         return
-    config["read_roots"] = tuple(os.path.join(p, "") for p in jail.readable_roots())
+    config["roots"] = jail.readable_roots()  # without the staging folder
+    config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
+    # Made once here, for every child: the layer each one enters (no processes, threads or
+    # signals), the call state, builtins and sqlite3 connection class a verifier gets. The
+    # zygote never runs a verifier, so each child starts from a pristine copy.
+    prepared = jail.prepare(jail.JailPolicy(
+        memory_mb=None, threads=False, processes=False, new_session=False,
+        min_landlock_abi=0, require_seccomp=False))
+    global _STATE, _BUILTINS, _LockedConnection
+    _STATE = _CallState()
+    _LockedConnection = _locked_connection_class(_STATE)
+    _BUILTINS = _safe_builtins(_STATE)
+    gc.freeze()  # what is loaded now stays out of every collection, in here and in children
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -378,10 +394,14 @@ def _zygote(config: dict) -> None:
         if wake_r in ready:
             os.read(wake_r, 512)
             while jobs:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
                 if pid == 0:
                     break
-                ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
+                if pid in jobs:
+                    ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
         if ctl in ready:
             msg, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
             if not msg:
@@ -394,7 +414,7 @@ def _zygote(config: dict) -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _verify_once(jail, fds[0], fds[1], job["cpu_s"], config)
+                    _verify_once(jail, prepared, fds[0], fds[1], job["cpu_s"], config)
                 finally:
                     os._exit(0)
             for fd in fds:

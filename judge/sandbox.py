@@ -2,7 +2,8 @@
 
 The caller's process never executes verifier code. A zygote (``_sandbox_worker.py``, started
 once, jailed, with the allowed modules loaded) forks one child per verification. For each, this
-side stages read-only copies of the two databases, writes the request into a new pipe and hands
+side stages read-only copies of the two databases, compiles the verifier (once per distinct
+code: compiling runs nothing), writes the request with its bytecode into a new pipe and hands
 the zygote that pipe's read end and a second pipe's write end for the reply; the zygote answers
 with the child's pid (this side kills it at the deadline, through a pidfd) and, later, its exit
 status. A reply is read only from the pipe made for that request, size-capped and checked for
@@ -13,9 +14,11 @@ unpickled: the wire is length-prefixed JSON.
 from __future__ import annotations
 
 import asyncio
+import base64
 import fcntl
 import functools
 import json
+import marshal
 import os
 import select
 import shutil
@@ -37,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import envfarm
 from envfarm.errors import VerifierError
 from judge._staging import DbInput, Stager, ro_uri
-from judge._verifier_code import Mode, detect
+from judge._verifier_code import _AST_LOCK, Mode, detect
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 _NOBODY = 65534
@@ -113,6 +116,19 @@ class SandboxConfig(BaseModel):
         default=False, description="run verifiers without the kernel jail where the kernel "
         "lacks seccomp or Landlock (otherwise every verification fails, typed)")
 
+
+
+@functools.lru_cache(maxsize=256)
+def _bytecode(code: str) -> tuple[str | None, str | None]:
+    """The verifier compiled once (a task's verifier is checked again and again) and marshalled
+    for its child: (base64 bytecode, None) or (None, syntax error). Compiling runs nothing; this
+    process already parses the same code to find its function."""
+    try:
+        with _AST_LOCK:
+            compiled = compile(code, "<verifier>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return None, f"syntax error: {exc}"
+    return base64.b64encode(marshal.dumps(compiled)).decode(), None
 
 
 class _WorkerGone(Exception):
@@ -416,8 +432,11 @@ class VerifierSandbox:
                 except (OSError, ValueError, sqlite3.Error) as exc:
                     return fail(VerifierErrorKind.bad_input, f"cannot stage database: {exc}")
             (initial, _), (final, _) = staged
+            bytecode, syntax_error = _bytecode(code)
+            if syntax_error:
+                return fail(VerifierErrorKind.syntax, syntax_error)
             request = {
-                "code": code, "func": spec.function, "mode": spec.mode,
+                "bytecode": bytecode, "func": spec.function, "mode": spec.mode,
                 "takes_answer": spec.takes_answer,
                 "initial": initial, "final": final,
                 "initial_uri": ro_uri(initial), "final_uri": ro_uri(final),
@@ -496,6 +515,7 @@ class VerifierSandbox:
                                   "verifier process sent an unreadable reply") from None
         finally:
             os.close(rep_r)
+            job.kill()  # it replied or failed: nothing it does after that may run on
             zygote.forget(job_id)
 
     # -- lifecycle --------------------------------------------------------------------------

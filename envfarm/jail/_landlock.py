@@ -57,12 +57,11 @@ def handled_fs(abi: int) -> int:
     return sum(bits for since, bits in _FS_BY_ABI.items() if abi >= since)
 
 
-def restrict_read_only(paths: list[str], abi: int) -> None:
-    """Restrict this thread (and what it later forks) to reading ``paths``: no writes anywhere,
-    no TCP bind/connect, no signals or abstract unix sockets beyond its domain. Needs
-    no_new_privs already set and a single-threaded process."""
-    handled = handled_fs(abi)
-    attr = _RulesetAttr(handled_access_fs=handled)
+def read_only_ruleset(paths: list[str], abi: int) -> int:
+    """A ruleset fd: reads under ``paths`` only, no writes anywhere, no TCP bind/connect, no
+    signals or abstract unix sockets beyond the domain. It can be made once and applied, with
+    ``restrict_self``, in every child forked after (the fd is inherited)."""
+    attr = _RulesetAttr(handled_access_fs=handled_fs(abi))
     size = 8
     if abi >= 4:
         attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP
@@ -86,6 +85,22 @@ def restrict_read_only(paths: list[str], abi: int) -> None:
                          ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
             finally:
                 os.close(fd)
-        _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def restrict_self(ruleset: int) -> None:
+    """Apply a ruleset to this thread (and what it forks later). Needs no_new_privs already set
+    and a single-threaded process."""
+    _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
+
+
+def restrict_read_only(paths: list[str], abi: int) -> None:
+    """``read_only_ruleset`` applied to this process at once."""
+    ruleset = read_only_ruleset(paths, abi)
+    try:
+        restrict_self(ruleset)
     finally:
         os.close(ruleset)

@@ -10,7 +10,9 @@ read. Syscalls of another ABI (i386, x32) kill the process: libseccomp's bad-arc
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 
 import pyseccomp as sc
 
@@ -54,10 +56,11 @@ def _rule(flt: sc.SyscallFilter, action: int, name: str, *args: sc.Arg) -> None:
         pass  # a syscall this libseccomp or this architecture does not have
 
 
-def build(pid: int, threads: bool, processes: bool, first: bool = True) -> sc.SyscallFilter:
-    """The filter for process ``pid`` (signals only to itself). ``first=False``: a layer on top
-    of one built here before (filters stack: only what tightens, or names the new pid, is
-    needed; compiling half the rules halves the cost of entering)."""
+def build(pid: int | None, threads: bool, processes: bool,
+          first: bool = True) -> sc.SyscallFilter:
+    """The filter for process ``pid`` (signals only to itself; ``None``: a filter made before
+    the pid is known, which allows no signals at all). ``first=False``: a layer on top of one
+    built here before (filters stack: only what tightens, or names the new pid, is needed)."""
     flt = sc.SyscallFilter(sc.ALLOW)
     flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     for attr, value in ((sc.Attr.CTL_TSYNC, 1), (sc.Attr.CTL_OPTIMIZE, 2)):  # 2: binary tree
@@ -75,13 +78,18 @@ def build(pid: int, threads: bool, processes: bool, first: bool = True) -> sc.Sy
     if not processes:
         _rule(flt, deny, "fork")
         _rule(flt, deny, "vfork")
+        # prctl(PR_SET_PDEATHSIG, 0) would cancel death with the parent (set before this layer).
+        _rule(flt, deny, "prctl", sc.Arg(0, sc.EQ, 1))
         if threads:
             _rule(flt, deny, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
         else:
             _rule(flt, deny, "clone")
     # Signals, limits and scheduling: this process only.
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
-        _rule(flt, deny, name, sc.Arg(0, sc.NE, pid))
+        if pid is None:
+            _rule(flt, deny, name)
+        else:
+            _rule(flt, deny, name, sc.Arg(0, sc.NE, pid))
     if first:
         for name in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
                      "sched_setattr"):
@@ -93,9 +101,36 @@ def build(pid: int, threads: bool, processes: bool, first: bool = True) -> sc.Sy
     return flt
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def to_bpf(flt: sc.SyscallFilter) -> bytes:
+    """The filter compiled to classic BPF, to load later without libseccomp's compile step."""
+    r, w = os.pipe()
+    try:
+        with os.fdopen(w, "wb", closefd=True) as out:
+            flt.export_bpf(out)
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+    return b"".join(chunks)
+
+
+def load_bpf(program: bytes) -> None:
+    """Install a compiled filter on this process (no_new_privs must already be set)."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))  # 8 bytes per instruction
+    if _libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def available() -> bool:
     """libseccomp loads and the kernel has seccomp filters."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(21, 0, 0, 0, 0) >= 0  # PR_GET_SECCOMP: EINVAL without CONFIG_SECCOMP
+    return _libc.prctl(21, 0, 0, 0, 0) >= 0  # PR_GET_SECCOMP: EINVAL without CONFIG_SECCOMP

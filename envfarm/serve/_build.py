@@ -11,7 +11,7 @@ from ray.serve.api import RunTarget
 
 from envfarm.catalog import Catalog, load_catalog
 from envfarm.farm import FarmConfig
-from envfarm.serve._deployments import Front
+from envfarm.serve._deployments import OWN_APP_PREFIX, Front
 from envfarm.serve._ingress import pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions, access_logging
 
@@ -39,7 +39,7 @@ def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = No
     envs = config.envs if config.envs is not None else catalog.servable
     envs = [catalog[e].name for e in envs]
     if options.pack == 1:
-        return [AppPlan(name=f"env-{e}", envs=[e], route_prefix=f"/envs/{e}",
+        return [AppPlan(name=f"{OWN_APP_PREFIX}{e}", envs=[e], route_prefix=f"/envs/{e}",
                         options=options.for_env(e)) for e in envs]
     packs = [envs[i:i + options.pack] for i in range(0, len(envs), options.pack)]
     return [AppPlan(name=f"pack-{k}", envs=p, route_prefix=None, options=options.deployment)

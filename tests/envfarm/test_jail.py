@@ -44,6 +44,10 @@ ATTACKS: dict[str, tuple[str, dict, object]] = {
     "unix socket to the front": (
         "import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0x')", {}, "denied"),
     "socketpair": ("import socket; socket.socketpair()", {}, "denied"),
+    "cancel death with the parent": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())  # PR_SET_PDEATHSIG, 0
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
     "os.system": ("import os; result = os.system('touch /tmp/envfarm-jail-marker')", {},
                   lambda r: r["child"]["result"] != "0"),
     "subprocess": ("import subprocess; subprocess.run(['/bin/true'])", {}, "denied"),
@@ -129,6 +133,12 @@ ATTACKS: dict[str, tuple[str, dict, object]] = {
         c.execute('insert into t values (1)')
         result = json.dumps(c.execute('select * from t').fetchall())
         """), {}, lambda r: r["child"]["result"] == "'[[1]]'"),
+    "restrict_reads narrows a later layer": (_c(f"""
+        from envfarm.jail import restrict_reads
+        import os
+        restrict_reads([os.path.dirname(os.__file__)])
+        result = len(open({str(FRONT)!r}).read())
+        """), {"read_paths": [str(FRONT.parent)]}, "denied"),
     "read_paths are readable": (f"result = len(open({str(FRONT)!r}).read()) > 0",
                                 {"read_paths": [str(FRONT.parent)]},
                                 lambda r: r["child"]["result"] == "True"),
@@ -186,7 +196,13 @@ def test_a_policy_needing_more_than_the_kernel_has_is_refused():
 
 _ZYGOTE = _c("""
     import json, os, sys, threading
-    from envfarm.jail import JailError, JailPolicy, enter
+    from envfarm.jail import JailError, JailPolicy, enter, prepare
+    def _open(fd):
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
     r, w = os.pipe()
     t = threading.Thread(target=lambda: __import__('time').sleep(0.5)); t.start()
     try:
@@ -208,7 +224,26 @@ _ZYGOTE = _c("""
                 out[what] = "denied"
         os.write(w, json.dumps(out).encode()); os._exit(0)
     os.waitpid(pid, 0)
-    print(json.dumps({"threaded": threaded, "child": json.loads(os.read(r, 1000))}))
+    child = json.loads(os.read(r, 1000))
+    prepared = prepare(JailPolicy(new_session=False, cpu_s=2, threads=False))
+    pid = os.fork()  # a child entering the layer the zygote prepared for it
+    if pid == 0:
+        prepared.enter(keep_fds=(w,))
+        out = {}
+        for what, fn in [("fork", os.fork), ("kill_zygote", lambda: os.kill(zygote, 9)),
+                         ("kill_self", lambda: os.kill(os.getpid(), 0)),
+                         ("thread", lambda: threading.Thread(target=print).start()),
+                         ("read", lambda: open("/etc/passwd").read()),
+                         ("write", lambda: open("/tmp/envfarm-jail-marker", "w"))]:
+            try:
+                fn(); out[what] = "allowed"
+            except (PermissionError, RuntimeError):
+                out[what] = "denied"
+        out["fds"] = sorted(int(fd) for fd in range(64) if _open(fd))
+        os.write(w, json.dumps(out).encode()); os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"threaded": threaded, "child": child,
+                      "prepared": json.loads(os.read(r, 1000)), "w": w}))
 """)
 
 
@@ -220,6 +255,10 @@ def test_a_zygote_forks_and_its_children_tighten():
     got = json.loads(out.stdout)
     assert got["threaded"] == "threads"  # Landlock would miss the other thread: refused
     assert got["child"] == {"fork": "denied", "kill_zygote": "denied"}
+    assert got["prepared"] == {"fork": "denied", "kill_zygote": "denied", "kill_self": "denied",
+                               "thread": "denied", "read": "denied", "write": "denied",
+                               "fds": [got["w"]]}  # the ruleset fd is closed once applied
+    assert not Path("/tmp/envfarm-jail-marker").exists()
 
 
 _ORPHAN = _c("""

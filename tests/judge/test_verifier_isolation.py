@@ -147,3 +147,15 @@ def test_a_killed_zygote_is_replaced(small_dbs):
         res = sandbox.run_sync(HONEST, *small_dbs)
         assert res.ok and res.code_result == "others"
         assert sandbox.pids and sandbox.pids != first
+
+
+def test_large_sorts_stay_in_memory(sandbox, small_dbs):
+    # SQLite spills a big sort to a temporary file by default; a jailed process creates none.
+    code = ("def verify_task(a, b):\n    import sqlite3\n    c = sqlite3.connect(b)\n"
+            "    c.execute('PRAGMA cache_size=10')\n"
+            "    q = ('WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 50000)'"
+            " ' SELECT count(*) FROM (SELECT hex(randomblob(50)) h FROM r ORDER BY h)')\n"
+            "    return {'n': c.execute(q).fetchone()[0]}\n")
+    res = sandbox.run_sync(code, *small_dbs)
+    assert res.ok, res.error
+    assert res.result == {"n": 50000}
