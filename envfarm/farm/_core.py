@@ -34,6 +34,7 @@ from envfarm.errors import (
 from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
