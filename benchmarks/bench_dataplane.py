@@ -77,7 +77,8 @@ class Farm:
     """A farm in a subprocess: ``serve --proxy haproxy|python`` (``+flag`` adds ``--flag``),
     ``serve --no-ray``, or ``frameworks`` (the --no-ray process without the fast paths)."""
 
-    def __init__(self, kind: str, warm: int) -> None:
+    def __init__(self, kind: str, warm: int, repo: Path = REPO) -> None:
+        """``repo``: the checkout whose code the farm runs (another one for a before/after)."""
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,6 +87,8 @@ class Farm:
         # e.g. haproxy+access-log: `serve --access-log`; haproxy@NAME=VALUE: that env variable.
         kind, *assigns = kind.split("@")
         env = {**os.environ, **dict(a.split("=", 1) for a in assigns)}
+        if repo != REPO:
+            env["PYTHONPATH"] = str(repo)
         proxy, *flags = kind.split("+")
         args += ([f"--{f}" for f in ("no-ray", *flags)] if proxy == "no-ray" else
                  ["--proxy", proxy, "--num-cpus", "2", *(f"--{f}" for f in flags)])
@@ -94,7 +97,7 @@ class Farm:
         t0 = time.perf_counter()
         self.log = tempfile.NamedTemporaryFile(prefix=f"dataplane-{kind}-", suffix=".log",
                                                delete=False)
-        self.proc = subprocess.Popen(args, cwd=REPO, start_new_session=True, env=env,
+        self.proc = subprocess.Popen(args, cwd=repo, start_new_session=True, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         try:
             wait_http(self.url, f"/envs/{ENV}")

@@ -27,6 +27,9 @@ DEFAULT_CALL_TIMEOUT_S = 10.0
 MAX_PAYLOAD_BYTES = 1 << 20
 #: How long the tasks a call spawned get to unwind after it was cancelled, inside the call.
 SPAWNED_TASK_GRACE_S = 0.2
+#: The database header's fields a write may change without changing ``total_changes``.
+_HEADER_FIELDS = ("SELECT * FROM pragma_schema_version, pragma_user_version, "
+                  "pragma_application_id")
 
 
 class EnvRuntime:
@@ -94,6 +97,22 @@ class Instance:
         _sqlite_guard.harden(self.conn, _binding.owned_by_caller(self.conn))
         self.conn.deserialize(data)
         self._slot = _binding.Slot(self.conn)
+        self._saved: tuple[tuple, bytes] | None = (self._state_key(), data)
+
+    def _state_key(self) -> tuple:
+        """Changes whenever the database's bytes may have: rows written (``total_changes``
+        counts every INSERT/UPDATE/DELETE row, triggers' and rolled-back ones included), the
+        schema, or the header's user fields."""
+        return (self.conn.total_changes, *self.conn.execute(_HEADER_FIELDS).fetchall())
+
+    def _rollback_point(self) -> bytes:
+        """The current state as bytes to restore a failed call from. Reused while nothing was
+        written since it was taken: most tool calls only read, and ``serialize`` copies the
+        whole database (~100 µs for 260 KB in a call's flow; linear in its size)."""
+        key = self._state_key()
+        if self._saved is None or self._saved[0] != key:
+            self._saved = (key, self.conn.serialize())
+        return self._saved[1]
 
     def snapshot(self) -> bytes:
         """The current state as SQLite database bytes."""
@@ -116,14 +135,11 @@ class Instance:
         self.conn.close()
 
     def _restore(self, data: bytes) -> None:
-        if self.conn.in_transaction:
-            self.conn.rollback()
-        try:
-            self.conn.deserialize(data)
-        except sqlite3.Error:
-            # A statement left open by env code blocks deserialize: start over on a new connection.
-            self.conn.close()
-            self._open(data)
+        # A new connection, not a deserialize into this one: a statement env code left open
+        # would block that, and statements cached before a deserialize (3.11's sqlite3) can
+        # crash when run after it. Connection state a failed call set (PRAGMAs) goes too.
+        self.conn.close()
+        self._open(data)
 
     # -- calls ---------------------------------------------------------------------------------
     async def call(self, tool: str, arguments: Any = None) -> CallResult:
@@ -159,7 +175,7 @@ class Instance:
     async def _call_locked(self, op: Operation, request: tuple, started: float) -> CallResult:
         path, query, body = request
         timeout = self.runtime.call_timeout_s
-        before = self.conn.serialize()
+        before = self._rollback_point()
         guard = _guard.CallGuard(timeout, self.conn)
         _guard.track_tasks(asyncio.get_running_loop())
         token = _binding.bind(self._slot)

@@ -146,7 +146,18 @@ async def _serve(worker: Worker, proto_in: int, proto_out: int) -> None:
                 done.set_result(None)
 
     out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(proto_out, "wb", 0))
-    worker.send = lambda header, payload=b"": out.write(_frames.encode(header, payload))
+    batch: list[bytes] = []  # the replies of one loop iteration go out in one write
+
+    def flush() -> None:
+        out.write(b"".join(batch))
+        batch.clear()
+
+    def send(header: dict[str, Any], payload: bytes = b"") -> None:
+        if not batch:
+            loop.call_soon(flush)
+        batch.append(_frames.encode(header, payload))
+
+    worker.send = send
     await loop.connect_read_pipe(Channel, os.fdopen(proto_in, "rb", 0))
     await done  # the front closed the channel: finish what is in flight, then exit
     if worker.tasks:

@@ -102,6 +102,7 @@ class WorkerProcess:
         self.draining = False
         self._out = None  # asyncio transports, once attached
         self._in = None
+        self._batch: list[bytes] = []  # frames written at the end of this loop iteration
         self._attaching: asyncio.Future | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._abandoned: dict[int, None] = {}  # ids whose caller went away, oldest first
@@ -197,12 +198,21 @@ class WorkerProcess:
             self._pending.pop(rid, None)
 
     def _write(self, data: bytes) -> None:
+        """Queue a frame; the frames of one event-loop iteration go out in one write (under
+        load, one syscall and one wake-up of the worker for many calls)."""
         if self.lost is not None:
             raise WorkerLost(self.lost)
-        self._out.write(data)
+        if not self._batch:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._batch.append(data)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if self.lost is not None or self._out is None or not batch:
+            return
+        self._out.write(b"".join(batch))
         if self._out.get_write_buffer_size() > MAX_PENDING_WRITE:
             self.kill("stopped reading its channel")
-            raise WorkerLost(self.lost)
 
     def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
         rid = header.get("id")
@@ -241,6 +251,7 @@ class WorkerProcess:
     def kill(self, reason: str | None = None) -> None:
         """SIGKILL the worker (idempotent); every pending and later request gets WorkerLost."""
         self._mark_lost(reason or "was stopped by the front")
+        self._batch = []
         if self.proc.poll() is None:
             try:
                 os.kill(self.proc.pid, signal.SIGKILL)

@@ -120,3 +120,27 @@ def _functions_of(thread) -> set[str]:
         names.add(frame.f_code.co_name)
         frame = frame.f_back
     return names
+
+
+def test_a_failed_call_restores_the_latest_state_when_the_rollback_point_is_reused(pair):
+    """Reads reuse the last rollback point (no serialize per call); a write must renew it."""
+    inst, _ = pair
+    assert inst.call_sync("list_notes", {}).ok
+    point = inst._rollback_point()
+    assert inst._rollback_point() is point  # nothing written: the same bytes, no copy
+    assert inst.call_sync("create_note", {"title": "first"}).ok
+    assert inst._rollback_point() is not point
+    assert not inst.call_sync("create_then_fail", {"title": "partial"}).ok
+    assert inst.call_sync("rename_note", {"note_id": 1, "title": "renamed"}).ok
+    assert not inst.call_sync("create_then_fail", {"title": "partial"}).ok
+    assert _titles(inst) == ["renamed", "todo", "first"]
+
+
+@pytest.mark.parametrize("sql", ["CREATE TABLE extra (a)", "PRAGMA user_version = 7",
+                                 "PRAGMA application_id = 9", "DELETE FROM notes"])
+def test_the_rollback_point_is_renewed_after_any_change_to_the_database(pair, sql):
+    inst, _ = pair
+    point = inst._rollback_point()
+    inst.conn.execute(sql)  # host code, outside a call
+    inst.conn.commit()
+    assert inst._rollback_point() != point

@@ -92,3 +92,22 @@ async def test_an_answer_to_a_request_never_sent_kills_the_worker(bundle):
         assert _frames.MAX_FRAME >= 1 << 20
     finally:
         await env.aclose()
+
+
+async def test_frames_coalesced_in_one_loop_iteration_reach_their_own_callers(bundle):
+    """Calls issued in one event-loop iteration leave in one pipe write (and their answers
+    come back batched): each answer must still reach its own caller, in lease order."""
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=32, probe_module_state=False), warm=1)
+    try:
+        insts = [await env.acquire() for _ in range(32)]
+        assert len({i.worker.pid for i in insts}) == 1
+        for step in range(3):
+            writes = await asyncio.gather(*(i.call("create_note", {"title": f"l{k}s{step}"})
+                                            for k, i in enumerate(insts)))
+            assert all(r.ok for r in writes)
+            reads = await asyncio.gather(*(i.call("list_notes", {}) for i in insts))
+            for k, res in enumerate(reads):
+                assert [n["title"] for n in res.result][2:] == [f"l{k}s{s}"
+                                                                for s in range(step + 1)]
+    finally:
+        await env.aclose()
