@@ -4,6 +4,7 @@
     ├── CatalogError                 a catalog folder or record cannot be read
     ├── EnvNotFound                  no environment of that name            404
     ├── EnvLoadError                 an environment's code/schema/data is broken
+    │   └── EnvBroken                an on-demand env that failed its first load  500
     ├── ToolCallError                a tool call did not produce a result
     │   ├── AgentError               the agent's fault: unknown tool, bad arguments, 4xx
     │   └── EnvCallError             the environment's fault: exception, 5xx, timeout
@@ -37,6 +38,7 @@ __all__ = [
     "BadRequest",
     "CatalogError",
     "ConfinementUnavailable",
+    "EnvBroken",
     "EnvCallError",
     "EnvLoadError",
     "EnvNotFound",
@@ -123,6 +125,11 @@ class EnvLoadError(EnvfarmError):
 
     kind = ErrorKind.env_error
     status_code = 500
+
+
+class EnvBroken(EnvLoadError):
+    """An on-demand env type failed to load at its first use; it stays marked broken (every
+    other type keeps serving)."""
 
 
 class ToolCallError(EnvfarmError):
@@ -257,7 +264,7 @@ def _jsonable(value: Any) -> bool:
 HTTP_STATUS: dict[type[EnvfarmError], int] = {
     cls: cls.status_code
     for cls in (
-        CatalogError, EnvNotFound, EnvLoadError, AgentError, EnvCallError, LeaseError, BadRequest,
+        CatalogError, EnvNotFound, EnvLoadError, EnvBroken, AgentError, EnvCallError, LeaseError, BadRequest,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
         LeaseGone, PoolExhausted, ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
         TransportError,
