@@ -114,8 +114,10 @@ async def step(client, envs: list[str], per_type: int, farm_pid: int) -> dict[st
 async def drive(url: str, farm_pid: int, names: list[str], args) -> dict[str, Any]:
     import httpx
 
-    async with httpx.AsyncClient(base_url=url, timeout=600,
-                                 limits=httpx.Limits(max_connections=128)) as client:
+    # keepalive_expiry under uvicorn's 5 s keep-alive, as the SDK does: a reused idle
+    # connection otherwise races the server's close (a ReadError that is the client's).
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(
+            max_connections=128, keepalive_expiry=3.0)) as client:
         ok = [n for n in names if not n.endswith(f"__c{args.types - 1:04d}")]  # not the broken
         out: dict[str, Any] = {"pss_mib_idle": pss_mib(farm_pid)}
         seen: set[str] = set()
@@ -135,6 +137,41 @@ async def drive(url: str, farm_pid: int, names: list[str], args) -> dict[str, An
     return out
 
 
+def cold_start_cpu(sources: list[Path] | None) -> dict[str, Any]:
+    """CPU-seconds of one cold start per source env, in the worker that loads it (what a
+    quiet machine's wall time would be), with the module-state probe and without (its verdict
+    known): the worker's CPU after the load less that of a worker that only got ready."""
+    import psutil
+
+    from envfarm.catalog import BUNDLED_CATALOG, load_catalog
+    from envfarm.worker import WorkerEnv, WorkerOptions, WorkerProcess
+
+    def cpu(pid: int) -> float:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+
+    options = WorkerOptions()
+    idle = WorkerProcess(options.worker_config())
+    time.sleep(15)  # imports and the jail done; it waits for a load it never gets
+    ready_cpu = cpu(idle.pid)
+    idle.kill()
+    out: dict[str, Any] = {"worker_ready_cpu_s": round(ready_cpu, 2), "types": {}}
+    for source in sources or [BUNDLED_CATALOG]:
+        catalog = load_catalog(source, check_code=False)
+        for name in catalog.servable:
+            row = {}
+            for probe in (True, False):
+                served = WorkerEnv(catalog[name], options, module_state=None if probe else [])
+                row["probe_cpu_s" if probe else "no_probe_cpu_s"] = round(
+                    cpu(served.workers[0].pid) - ready_cpu, 2)
+                served.kill_all("measured")
+            out["types"][name] = row
+    rows = list(out["types"].values())
+    out["median_probe_cpu_s"] = statistics.median(r["probe_cpu_s"] for r in rows)
+    out["median_no_probe_cpu_s"] = statistics.median(r["no_probe_cpu_s"] for r in rows)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--types", type=int, default=1000)
@@ -146,7 +183,14 @@ def main() -> None:
     parser.add_argument("--source", type=Path, action="append")
     parser.add_argument("--port", type=int, default=8771)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--cold-cpu", action="store_true",
+                        help="only measure the CPU of one cold start per source env")
     args = parser.parse_args()
+    if args.cold_cpu:
+        result = cold_start_cpu(args.source)
+        (OUT.parent / "on_demand_cold_cpu.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        return
 
     import httpx
 

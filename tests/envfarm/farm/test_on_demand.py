@@ -7,15 +7,17 @@ import asyncio
 import os
 import time
 
+import httpx
 import pytest
 
 from benchmarks.make_catalog_1k import make_catalog
 from envfarm.catalog import load_catalog
+from envfarm.client import ASGITransport, Farm
 from envfarm.errors import EnvBroken
-from envfarm.farm import FarmConfig, FarmCore, PoolConfig
+from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 from envfarm.wire import EnvState, LeaseRequest
 from envfarm.worker import WorkerEnv
-from tests.envfarm.farm.conftest import farm_client
+from tests.envfarm.farm.conftest import lifespan_running
 
 TYPES = 100
 
@@ -123,17 +125,23 @@ async def test_http_warm_up_status_metrics_and_broken_answer(catalog_100):
     catalog, names = catalog_100
     core = _core(catalog)
     env, broken = names[3], names[-1]
-    async with farm_client(core) as client:
+    app = build_app(core)
+    async with lifespan_running(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://farm") as client, \
+            Farm("http://farm", transport=ASGITransport(app)) as sdk:
         listed = {e["name"]: e["state"] for e in (await client.get("/envs")).json()}
         assert listed[env] == "cold" and len(listed) == TYPES
 
         r = await client.post(f"/envs/{env}/warm")
         assert r.status_code == 200, r.text
         assert r.json()["state"] == "loaded" and r.json()["tools"]
+        assert [d.state for d in await sdk.warm(env)] == [EnvState.loaded]  # loaded already
 
         r = await client.post(f"/envs/{broken}/leases", json={})
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "EnvBroken"
+        with pytest.raises(EnvBroken):
+            await sdk.warm(broken)
 
         types = (await client.get("/status.json")).json()["types"]
         assert types == {"types": TYPES, "loaded": 1, "loading": 0, "cold": TYPES - 2,
