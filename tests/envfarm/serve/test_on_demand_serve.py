@@ -35,9 +35,9 @@ def many_types_farm(tmp_path_factory) -> Iterator[tuple[object, list[str]]]:
 async def test_types_share_one_deployment_and_load_at_first_lease(many_types_farm):
     farm, names = many_types_farm
     assert [len(p.envs) for p in farm.plans] == [TYPES]  # not an application per type
-    status = httpx.get(farm.url + "/status.json").json()["types"]
-    assert (status["types"], status["loaded"], status["cold_starts"]) == (TYPES, 0, 0)
-    async with Farm(farm.url) as sdk:
+    async with httpx.AsyncClient(base_url=farm.url) as http, Farm(farm.url) as sdk:
+        status = (await http.get("/status.json")).json()["types"]
+        assert (status["types"], status["loaded"], status["cold_starts"]) == (TYPES, 0, 0)
         async with sdk.lease(names[0]) as lease:
             tools = await lease.tools()
             res = await lease.call_result(tools[0].name, {})
@@ -45,5 +45,5 @@ async def test_types_share_one_deployment_and_load_at_first_lease(many_types_far
         assert [d.state.value for d in await sdk.warm(names[1])] == ["loaded"]
         with pytest.raises(EnvBroken):
             await sdk.acquire(names[-1])
-    status = httpx.get(farm.url + "/status.json").json()["types"]
-    assert (status["loaded"], status["broken"], status["cold_starts"]) == (2, 1, 2)
+        status = (await http.get("/status.json")).json()["types"]
+        assert (status["loaded"], status["broken"], status["cold_starts"]) == (2, 1, 2)
