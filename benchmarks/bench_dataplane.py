@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -234,7 +235,7 @@ def call_requests(held: list[dict], mcp: bool) -> list[tuple[str, str, dict[str,
             headers["Accept"] = "application/json, text/event-stream"
             body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                     "params": {"name": TOOL, "arguments": {}}}
-            out.append(("POST", le["mcp_url"], headers, json.dumps(body)))
+            out.append(("POST", urlsplit(le["mcp_url"]).path, headers, json.dumps(body)))
         else:
             out.append(("POST", f"/envs/{ENV}/leases/{le['lease_id']}/call", headers,
                         json.dumps({"tool": TOOL, "arguments": {}})))

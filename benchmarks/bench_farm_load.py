@@ -172,7 +172,7 @@ async def mcp_calls(url: str, workers: int = 32, duration_s: float = 8.0) -> dic
 
         async def one(i: int) -> int:
             lease = leases[i]
-            async with s.post(url + lease["mcp_url"], json=msg,
+            async with s.post(lease["mcp_url"], json=msg,
                               headers={**auth(lease), **accept}) as r:
                 data = await r.json()
                 if "result" not in data or data["result"].get("isError"):

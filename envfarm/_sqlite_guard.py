@@ -119,4 +119,7 @@ def connect_memory(check_same_thread: bool = False) -> GuardedConnection:
     """A fresh, hardened in-memory database."""
     conn = sqlite3.connect(":memory:", check_same_thread=check_same_thread,
                            factory=GuardedConnection)
+    # Sorts and temporary tables in memory: a jailed worker may create no file. Set before the
+    # authorizer, which lets env code read temp_store but not set it.
+    conn.execute("PRAGMA temp_store=MEMORY")
     return harden(conn)

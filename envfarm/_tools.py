@@ -186,3 +186,12 @@ def _rewrite_refs(node: Any) -> Any:
     if isinstance(node, list):
         return [_rewrite_refs(v) for v in node]
     return node
+
+
+def openapi_as_fastapi_mcp(app: Any) -> dict[str, Any]:
+    """The env app's OpenAPI, generated the way fastapi-mcp's server does (from its routes):
+    what ``envfarm.farm`` renders MCP tool listings from, as AWM's server does."""
+    from fastapi.openapi.utils import get_openapi
+
+    return get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
+                       description=app.description, routes=app.routes)

@@ -7,7 +7,10 @@ import typer
 from envfarm import cli_envs, cli_farm
 from judge.cli import judge_command
 from synth.cli import app as synth_app
+from synth.factory.gate import AgentSolver, register_agent_loop
 from trainer.cli import register as register_trainer
+from trainer.episode import EpisodeConfig, run_episode
+from trainer.policy import OpenAIPolicy
 from trainer.sft import register as register_sft_format
 
 app = typer.Typer(help="envfarm: synthesize, serve and verify tool-use environments for RL.",
@@ -18,6 +21,10 @@ app.add_typer(synth_app, name="synth")
 app.command("judge")(judge_command)
 register_trainer(app)
 register_sft_format()  # `envfarm synth export` writes the trainer's Qwen3 format too
+# `envfarm synth queries`' gate: an agent (the trainer's loop) must solve each written request.
+register_agent_loop(lambda ep: AgentSolver(
+    run_episode, OpenAIPolicy(ep.base_url, ep.model, api_key=ep.api_key),
+    EpisodeConfig(max_turns=ep.max_turns, window=None)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ Mount on the root app with ``register(app)``. Ray is imported only by commands t
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
@@ -21,7 +23,17 @@ from envfarm.catalog import load_catalog
 from envfarm.client import EpisodeReport, Farm, reference_episode
 from envfarm.compose import LocalFarm, compose_core
 from envfarm.errors import EnvfarmError
-from envfarm.farm import FarmConfig, PoolConfig, make_server
+from envfarm.farm import (
+    FarmConfig,
+    PoolConfig,
+    Tenant,
+    TenantsConfig,
+    hash_key,
+    load_tenants,
+    make_server,
+    new_key,
+    parse_keys,
+)
 
 console = Console(soft_wrap=True)
 
@@ -60,21 +72,64 @@ HotOpt = Annotated[str | None, typer.Option(
     "--hot", help="Comma-separated types loaded at start and never evicted (on demand).")]
 EvictIdleOpt = Annotated[float, typer.Option(
     "--evict-idle", min=1, help="Seconds without a lease before a loaded type is evicted.")]
+TenantsOpt = Annotated[Path | None, typer.Option(
+    "--tenants", envvar="ENVFARM_TENANTS",
+    help="Tenants file (YAML: name, key_sha256, max_leases, leases_per_s, calls_per_s); "
+         "`envfarm tenants new` writes one.")]
+ApiKeyOpt = Annotated[list[str] | None, typer.Option(
+    "--api-key", help="NAME:KEY of a tenant (no quota; repeatable). Prefer the tenants file or "
+                      "$ENVFARM_API_KEYS (NAME:KEY,...): a command line is visible to others.")]
+KEYS_ENV = "ENVFARM_API_KEYS"
 
 
 def _names(text: str | None) -> list[str] | None:
     return [e.strip() for e in text.split(",") if e.strip()] if text else None
 
 
-def _config(catalog: Path | None, envs: str | None, warm: int, in_process: bool = False,
+def _config(catalog: Path | None, envs: str | None, warm: int,
+            tenants: TenantsConfig | None = None, in_process: bool = False,
             allow_unconfined: bool = False, leases_per_worker: int = 64,
             on_demand: bool | None = None, hot: str | None = None,
             evict_idle_s: float = 300.0) -> FarmConfig:
     return FarmConfig(catalog=str(catalog) if catalog else None, envs=_names(envs),
-                      pool=PoolConfig(warm=warm),
+                      pool=PoolConfig(warm=warm), tenants=tenants or TenantsConfig(),
                       isolation="in_process" if in_process else "workers",
                       allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker,
                       on_demand=on_demand, hot=_names(hot) or [], evict_idle_s=evict_idle_s)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it is reachable from elsewhere
+
+
+def tenants_config(path: Path | None, keys: list[str] | None, host: str) -> TenantsConfig:
+    """Tenants from the file, ``--api-key`` and ``$ENVFARM_API_KEYS`` (keys hashed at once);
+    a key is required when the farm listens beyond loopback."""
+    tenants: list[Tenant] = load_tenants(path) if path else []
+    tenants += parse_keys(",".join([*(keys or []), os.environ.get(KEYS_ENV, "")]))
+    if len({t.name for t in tenants}) != len(tenants):
+        raise typer.BadParameter("tenant names must be unique across --tenants, --api-key and "
+                                 f"${KEYS_ENV}")
+    return TenantsConfig(tenants=tenants, require_key=not is_loopback(host))
+
+
+def _say_who_may_lease(tenants: TenantsConfig) -> None:
+    if tenants.require_key:
+        if not tenants.tenants:
+            raise typer.BadParameter("the farm listens beyond loopback, where creating leases "
+                                     "needs an API key: give --tenants FILE or $ENVFARM_API_KEYS "
+                                     "(envfarm tenants new NAME makes a key)")
+        console.print(f"leases need an API key ({len(tenants.tenants)} tenants)")
+    else:
+        console.print("[yellow]open farm:[/yellow] listening on loopback, anyone on this machine "
+                      "may create leases without an API key"
+                      + (f" ({len(tenants.tenants)} tenants have keys)" if tenants.tenants
+                         else ""))
 
 
 # Flags that only mean something when Ray Serve runs the farm.
@@ -122,13 +177,17 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           in_process: InProcessOpt = False, allow_unconfined: UnconfinedOpt = False,
           leases_per_worker: LeasesPerWorkerOpt = 64,
           on_demand: OnDemandOpt = None, hot: HotOpt = None, evict_idle: EvictIdleOpt = 300.0,
+          tenants: TenantsOpt = None, api_key: ApiKeyOpt = None,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
         _reject_ray_flags(ctx)
     try:
-        config = _config(catalog, envs, warm, in_process, allow_unconfined, leases_per_worker,
-                         on_demand, hot, evict_idle)
+        tenant_config = tenants_config(tenants, api_key, host)
+        config = _config(catalog, envs, warm, tenant_config, in_process, allow_unconfined,
+                         leases_per_worker, on_demand, hot, evict_idle)
+        if write_config is None:
+            _say_who_may_lease(tenant_config)
         if write_config is not None:
             _write_config(config, pack, replicas, host, port, write_config, access_log)
         elif no_ray:
@@ -170,14 +229,14 @@ def _write_config(config: FarmConfig, pack: int, replicas: int, host: str, port:
 def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | None, host: str,
                port: int, address: str | None = None, proxy: str = "haproxy",
                access_log: bool = False) -> None:
-    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+    from envfarm.serve import DeploymentOptions, ServeOptions, stop_within
 
     options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
                            deployment=DeploymentOptions(num_replicas=replicas,
                                                         access_log=access_log))
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
-    farm = start_farm(config, options, address=address)
+    farm, watch = _start_serve(config, options, address)
     ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
                   f"envs in {len(farm.plans)} deployments, {ready} instances ready "
@@ -187,11 +246,33 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    while not stop.wait(1.0):
+        watch.look()  # Ray starts workers (and HAProxy reloads) as it goes
     console.print("shutting down ...")
-    farm.shutdown()
-    console.print("stopped")
+    left, finished = stop_within(farm.shutdown, watch)
+    console.print("stopped" + (f" (ended {len(left)} leftover processes: "
+                               f"{', '.join(sorted(set(left)))})" if left else ""))
+    if not finished:
+        _leave_now()
+
+
+def _leave_now(code: int = 0) -> None:
+    """Exit at once: Ray's exit hooks would wait on the processes the stop just ended."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _start_serve(config: FarmConfig, options: Any, address: str | None = None
+                 ) -> tuple[Any, Any]:
+    """The farm on Serve, its processes started deaf to a terminal's Ctrl-C, and a watch on
+    them (see envfarm.serve._stop)."""
+    from envfarm.serve import Descendants, shielded_start, start_farm
+
+    watch = Descendants()
+    farm = shielded_start(lambda: start_farm(config, options, address=address))
+    watch.look()
+    return farm, watch
 
 
 def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
@@ -219,24 +300,36 @@ def demo(catalog: CatalogOpt = None,
     """Start the farm, run one reference episode (lease, tools, solution, verify, release), stop."""
     config = _config(catalog, None, warm=2)
     name, idx, solution, answer = _pick_task(config, env, task)
+    clean = [True]  # False: a Ray stop was cut short, leave with os._exit (see _leave_now)
     if no_ray:
         local = LocalFarm(config, port=port).start()
         url, stop = local.url, local.stop
         console.print(f"farm (no Ray) up on {url} with {len(local.core.envs)} envs")
     else:
-        from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+        from envfarm.serve import DeploymentOptions, ServeOptions, stop_within
 
         console.print("starting the farm on an embedded local Ray ...")
-        running = start_farm(config, ServeOptions(port=port, num_cpus=2, proxy=proxy.value,
-                                                  deployment=DeploymentOptions(num_replicas=1)))
-        url, stop = running.url, running.shutdown
+        running, watch = _start_serve(config, ServeOptions(
+            port=port, num_cpus=2, proxy=proxy.value,
+            deployment=DeploymentOptions(num_replicas=1)))
+        url = running.url
+
+        def stop() -> None:
+            clean[0] = stop_within(running.shutdown, watch)[1]
         console.print(f"farm up on {url} ({running.proxy} ingress) with "
                       f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
         report = asyncio.run(_demo_episode(url, name, idx, solution, answer))
-    finally:
+    except KeyboardInterrupt:
         stop()
+        console.print("interrupted")
+        if not clean[0]:
+            _leave_now(130)
+        raise typer.Exit(130) from None
+    stop()
     _print_report(report)
+    if not clean[0]:
+        _leave_now(0 if report.verdict.valid else 1)
     if not report.verdict.valid:
         raise typer.Exit(1)
 
@@ -344,8 +437,45 @@ def lease_release(env: EnvOpt, lease: LeaseOpt, token: TokenOpt,
     _emit(_run(lambda f: _lease(f, env, lease, token).release(), url).model_dump())
 
 
+# -- envfarm tenants ... --------------------------------------------------------------------------
+tenants_app = typer.Typer(help="Farm API keys and quotas of a shared farm.", no_args_is_help=True)
+
+
+@tenants_app.command("new")
+def tenants_new(name: Annotated[str, typer.Argument(help="Tenant name.")],
+                file: Annotated[Path, typer.Option("--file", help="Tenants file to add to "
+                                                   "(created if missing).")] = Path(
+                                                       "tenants.yaml"),
+                max_leases: Annotated[int | None, typer.Option("--max-leases", min=0)] = None,
+                leases_per_s: Annotated[float | None, typer.Option("--leases-per-s")] = None,
+                calls_per_s: Annotated[float | None, typer.Option("--calls-per-s")] = None
+                ) -> None:
+    """Make a tenant's API key: prints the key once; the file keeps only its SHA-256."""
+    import yaml
+
+    tenants = load_tenants(file) if file.exists() else []
+    if any(t.name == name for t in tenants):
+        raise typer.BadParameter(f"{file} has a tenant {name!r} already")
+    key = new_key()
+    try:
+        tenant = Tenant(name=name, key_sha256=hash_key(key), max_leases=max_leases,
+                        leases_per_s=leases_per_s, calls_per_s=calls_per_s)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    items = [t.model_dump(exclude_none=True, exclude_defaults=True) | {
+        "name": t.name, "key_sha256": t.key_sha256} for t in [*tenants, tenant]]
+    tmp = file.with_suffix(file.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump({"tenants": items}, sort_keys=False))
+    os.chmod(tmp, 0o600)
+    tmp.replace(file)
+    sys.stdout.write(key + "\n")
+    Console(stderr=True).print(f"added tenant {name!r} to {file}; give the key above to the "
+                               "tenant (ENVFARM_API_KEY): it is not stored")
+
+
 def register(app: typer.Typer) -> None:
-    """Mount ``serve``, ``demo`` and ``lease`` on the root CLI."""
+    """Mount ``serve``, ``demo``, ``lease`` and ``tenants`` on the root CLI."""
     app.command("serve")(serve)
     app.command("demo")(demo)
     app.add_typer(lease_app, name="lease")
+    app.add_typer(tenants_app, name="tenants")

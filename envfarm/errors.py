@@ -2,6 +2,7 @@
 
     EnvfarmError
     ├── CatalogError                 a catalog folder or record cannot be read
+    ├── ConfigError                  a farm setting (tenants file, API keys) is invalid
     ├── EnvNotFound                  no environment of that name            404
     ├── EnvLoadError                 an environment's code/schema/data is broken
     │   └── EnvBroken                an on-demand env that failed its first load  500
@@ -10,13 +11,18 @@
     │   └── EnvCallError             the environment's fault: exception, 5xx, timeout
     ├── LeaseError                   lease lifecycle problems                400
     │   ├── BadRequest               body not JSON or not the schema         422
+    │   │   └── MalformedJSON        hostile JSON: too deep, NaN, duplicate keys ... 400
     │   ├── PayloadTooLarge          body over the farm's size limit         413
     │   ├── TaskNotFound             the env has no such task                404
     │   ├── LeaseNotFound            no such lease                          404
     │   ├── LeaseUnauthorized        missing bearer token                   401
     │   ├── LeaseForbidden           wrong bearer token                     403
     │   ├── LeaseGone                owner replica gone, expired or closed  410
-    │   └── PoolExhausted            no instance available                  503
+    │   ├── PoolExhausted            no instance available                  503
+    │   │   └── FarmNotReady         envs not yet routable with warm instances 503
+    │   ├── KeyMissing               no farm API key where one is required  401
+    │   ├── KeyInvalid               a farm API key the farm does not know   403
+    │   └── QuotaExceeded            a tenant's quota is used up            429
     ├── VerifierError                verifier code failed; no verdict
     ├── JudgeError                   the LLM judge could not give a verdict
     ├── SynthesisError               a synthesis stage failed for good
@@ -38,21 +44,27 @@ __all__ = [
     "BadRequest",
     "CatalogError",
     "ConfinementUnavailable",
+    "ConfigError",
     "EnvBroken",
     "EnvCallError",
     "EnvLoadError",
     "EnvNotFound",
     "EnvfarmError",
     "ErrorKind",
+    "FarmNotReady",
     "JudgeError",
+    "KeyInvalid",
+    "KeyMissing",
     "LLMError",
     "LeaseError",
     "LeaseForbidden",
     "LeaseGone",
     "LeaseNotFound",
     "LeaseUnauthorized",
+    "MalformedJSON",
     "PayloadTooLarge",
     "PoolExhausted",
+    "QuotaExceeded",
     "SynthesisError",
     "TaskNotFound",
     "ToolCallError",
@@ -75,6 +87,7 @@ class ErrorKind(str, Enum):
     forbidden = "forbidden"
     gone = "gone"
     unavailable = "unavailable"
+    rate_limited = "rate_limited"
     invalid_request = "invalid_request"
     verifier_error = "verifier_error"
     judge_error = "judge_error"
@@ -108,6 +121,13 @@ class EnvfarmError(Exception):
 
 class CatalogError(EnvfarmError):
     """A catalog folder or one of its records cannot be read."""
+
+    kind = ErrorKind.invalid_request
+    status_code = 400
+
+
+class ConfigError(EnvfarmError):
+    """A farm setting (a tenants file, an API key list) is invalid."""
 
     kind = ErrorKind.invalid_request
     status_code = 400
@@ -164,6 +184,13 @@ class BadRequest(LeaseError):
     status_code = 422
 
 
+class MalformedJSON(BadRequest):
+    """A JSON body no route should parse: nested too deep, numbers out of range, NaN, duplicate
+    keys, bytes that are not UTF-8, lone surrogates."""
+
+    status_code = 400
+
+
 class PayloadTooLarge(LeaseError):
     """The request body is over the farm's size limit."""
 
@@ -218,6 +245,31 @@ class ConfinementUnavailable(EnvfarmError):
 
     kind = ErrorKind.unavailable
     status_code = 503
+class FarmNotReady(PoolExhausted):
+    """The farm is starting: not every env is routable with warm instances yet. Carries
+    ``retry_after_s`` (sent as ``Retry-After``)."""
+
+
+class KeyMissing(LeaseError):
+    """The farm requires an API key (``X-Envfarm-Key``) to create leases; none was sent."""
+
+    kind = ErrorKind.unauthorized
+    status_code = 401
+
+
+class KeyInvalid(LeaseError):
+    """The API key sent is not one of the farm's tenants."""
+
+    kind = ErrorKind.forbidden
+    status_code = 403
+
+
+class QuotaExceeded(LeaseError):
+    """A tenant's quota (live leases, lease creations/s, calls/s) is used up. Carries
+    ``tenant``, ``quota`` and ``retry_after_s`` (sent as ``Retry-After``)."""
+
+    kind = ErrorKind.rate_limited
+    status_code = 429
 
 
 class VerifierError(EnvfarmError):
@@ -264,9 +316,11 @@ def _jsonable(value: Any) -> bool:
 HTTP_STATUS: dict[type[EnvfarmError], int] = {
     cls: cls.status_code
     for cls in (
-        CatalogError, EnvNotFound, EnvLoadError, EnvBroken, AgentError, EnvCallError, LeaseError, BadRequest,
+        CatalogError, ConfigError, EnvNotFound, EnvLoadError, EnvBroken, AgentError,
+        EnvCallError, LeaseError, BadRequest, MalformedJSON,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
-        LeaseGone, PoolExhausted, ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
+        LeaseGone, PoolExhausted, FarmNotReady, KeyMissing, KeyInvalid, QuotaExceeded,
+        ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
         TransportError,
     )
 }

@@ -272,7 +272,13 @@ class BatchResponse(_Wire):
 
 
 class Health(_Wire):
+    """``/healthz``: 200 when ready (every env routable with warm instances), else 503."""
+
     status: str = "ok"
+    ready: bool = Field(default=True, description=(
+        "Every env of the farm is routable with warm instances: leases can be made."))
+    waiting_for: list[str] = Field(default_factory=list,
+                                   description="What is not ready yet (when not ready).")
     owner: str = Field(description="Owner tag of the process/replica that answered.")
     envs: list[str]
     leases_active: int

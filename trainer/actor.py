@@ -11,6 +11,7 @@ the actor's event loop, talking to the farm over HTTP.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,11 @@ class TrainerActor:
 
 def start_actor(config: TrainConfig, farm_url: str, num_cpus: float = 1.0) -> Any:
     """A TrainerActor on the current Ray cluster, importing this source tree."""
+    env_vars = {"PYTHONPATH": SOURCE_ROOT}
+    if os.environ.get("ENVFARM_API_KEY"):  # the farm key of `envfarm train --farm-key`
+        env_vars["ENVFARM_API_KEY"] = os.environ["ENVFARM_API_KEY"]
     return TrainerActor.options(  # type: ignore[attr-defined]
-        num_cpus=num_cpus, runtime_env={"env_vars": {"PYTHONPATH": SOURCE_ROOT}},
+        num_cpus=num_cpus, runtime_env={"env_vars": env_vars},
     ).remote(config.model_dump(), farm_url)
 
 

@@ -6,6 +6,7 @@ Heavy imports (torch, transformers, Ray) happen inside the commands that need th
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,9 @@ console = Console(soft_wrap=True)
 
 FarmOpt = Annotated[str | None, typer.Option(
     "--farm", help="URL of a running farm; default: start an embedded --no-ray farm.")]
+FarmKeyOpt = Annotated[str | None, typer.Option(
+    "--farm-key", envvar="ENVFARM_API_KEY", show_default=False,
+    help="The farm API key of your tenant (env ENVFARM_API_KEY), for a shared farm.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +47,7 @@ def farm_url(url: str | None, catalog: str | None, envs: list[str] | None,
 
 def train(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
                                                help="train.yaml (see trainer/configs/)")],
-          farm: FarmOpt = None,
+          farm: FarmOpt = None, farm_key: FarmKeyOpt = None,
           no_ray: Annotated[bool, typer.Option(
               "--no-ray", help="Train in this process instead of a Ray TrainerActor.")] = False,
           steps: Annotated[int | None, typer.Option("--steps", help="Override steps.")] = None,
@@ -53,6 +57,9 @@ def train(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
     """History-windowed GRPO against the farm; resumes from the last checkpoint in out_dir."""
     from trainer.config import TrainConfig
 
+    if farm_key:
+        # The SDK reads it there, in this process and in the Ray trainer actor it starts.
+        os.environ["ENVFARM_API_KEY"] = farm_key
     cfg = TrainConfig.from_yaml(config, steps=steps,
                                 out_dir=str(out_dir) if out_dir else None)
     warm = min(64, cfg.batch_size * cfg.group_size)
@@ -78,7 +85,7 @@ def rollout(
                                          help="API key (env OPENAI_API_KEY).")] = "EMPTY",
     scripted: Annotated[bool, typer.Option(
         "--scripted", help="Replay reference solutions instead (no model).")] = False,
-    farm: FarmOpt = None,
+    farm: FarmOpt = None, farm_key: FarmKeyOpt = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog folder.")] = None,
     envs: Annotated[str | None, typer.Option("--envs", help="Comma-separated envs.")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks",
@@ -118,7 +125,7 @@ def rollout(
     config = EpisodeConfig(max_turns=max_turns, window=window)
 
     async def go(url: str):
-        async with Farm(url) as client:
+        async with Farm(url, api_key=farm_key) as client:
             with Progress("[progress.description]{task.description}", BarColumn(),
                           MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
                 task = bar.add_task("episodes", total=len(jobs))

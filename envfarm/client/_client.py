@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -22,7 +23,13 @@ from typing import Any, Self
 
 from envfarm.client._errors import SDK_NAMES, call_error, error_from_wire
 from envfarm.client._transport import HTTPTransport, Reply, Transport
-from envfarm.errors import EnvfarmError, PoolExhausted, TransportError, error_from_body
+from envfarm.errors import (
+    EnvfarmError,
+    PoolExhausted,
+    QuotaExceeded,
+    TransportError,
+    error_from_body,
+)
 from envfarm.models import CallResult, ToolSpec
 from envfarm.wire import (
     BatchError,
@@ -36,18 +43,25 @@ from envfarm.wire import (
     by_owner,
 )
 
+#: Where the SDK (and ``envfarm rollout/train``) finds a farm API key when none is passed.
+API_KEY_ENV = "ENVFARM_API_KEY"
+
 
 class Farm:
-    """A farm reached over HTTP (or any ``Transport``)."""
+    """A farm reached over HTTP (or any ``Transport``).
+
+    ``api_key``: the tenant's farm API key (default: ``$ENVFARM_API_KEY``), sent as
+    ``X-Envfarm-Key``; a farm that listens beyond loopback needs one to create leases."""
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, transport: Transport | None = None,
                  max_connections: int = 1024, timeout_s: float = 60.0, retries: int = 3,
-                 backoff_s: float = 0.2) -> None:
+                 backoff_s: float = 0.2, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.transport = transport or HTTPTransport(url, max_connections=max_connections,
                                                     timeout_s=timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
 
     async def __aenter__(self) -> Self:
         return self
@@ -61,7 +75,9 @@ class Farm:
     # -- plumbing --------------------------------------------------------------------------------
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        token: str | None = None, safe: bool = False) -> Reply:
-        headers = {"Authorization": f"Bearer {token}"} if token else None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if self.api_key:
+            headers["X-Envfarm-Key"] = self.api_key
         attempt = 0
         while True:
             try:
@@ -75,6 +91,11 @@ class Farm:
                 raise
             if reply.status < 400:
                 return reply
+            if reply.status == 429 and attempt < self.retries:
+                # Refused over quota before anything ran: safe to send again when told.
+                attempt += 1
+                await asyncio.sleep(_retry_after(reply, self.backoff_s))
+                continue
             retryable = reply.status in (502, 503, 504) and safe
             if retryable and attempt < self.retries:
                 attempt += 1
@@ -117,7 +138,7 @@ class Farm:
             try:
                 data = await self._json("POST", f"/envs/{env}/leases", json_body=body, safe=True)
                 return Lease(self, LeaseInfo.model_validate(data))
-            except PoolExhausted:
+            except (PoolExhausted, QuotaExceeded):
                 if loop.time() >= deadline:
                     raise
                 await asyncio.sleep(min(1.0, max(0.05, deadline - loop.time())))
@@ -161,6 +182,19 @@ class Farm:
         return await by_owner(calls, lambda c: (c[0].env, c[0].lease_id), send)
 
 
+def _retry_after(reply: Reply, default: float) -> float:
+    """The body's exact ``retry_after_s``, else the whole-second header, capped at 30 s."""
+    try:
+        wait = json.loads(reply.body)["error"].get("retry_after_s")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        wait = None
+    try:
+        wait = float(wait if wait is not None else reply.headers.get("retry-after", default))
+    except (TypeError, ValueError):
+        wait = default
+    return min(30.0, max(0.0, wait))
+
+
 def _item_error(item: BatchResult) -> EnvfarmError:
     err = item.error or BatchError(kind="internal", message="no result and no error", status=500)
     return error_from_body(err.status, {**err.model_dump(exclude={"status"}),
@@ -189,6 +223,9 @@ class Lease:
 
     @property
     def mcp_url(self) -> str:
+        """The lease's MCP endpoint, its credential in the path (no header needed)."""
+        if "://" in self.info.mcp_url:
+            return self.info.mcp_url
         return self.farm.url + self.info.mcp_url
 
     @property

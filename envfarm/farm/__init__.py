@@ -6,10 +6,12 @@ Used as is by ``envfarm serve --no-ray`` and inside every Serve replica; whoever
 
 from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound
 from envfarm.farm._app import build_app
+from envfarm.farm._capability import RedactCredentials, mcp_credential, redact_path
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
 from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
 from envfarm.farm._fastpath import read_body, scope_header
-from envfarm.farm._http import error_response, install_error_handlers
+from envfarm.farm._http import error_response, health_response, install_error_handlers
+from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
@@ -19,6 +21,17 @@ from envfarm.farm._status import (
     ReplicaStatus,
     install_status_routes,
     summarize_status,
+)
+from envfarm.farm._tenants import (
+    ANONYMOUS,
+    Quota,
+    Tenant,
+    Tenants,
+    TenantsConfig,
+    hash_key,
+    load_tenants,
+    new_key,
+    parse_keys,
 )
 from envfarm.wire import (
     BatchError,
@@ -43,6 +56,7 @@ from envfarm.wire import (
 )
 
 __all__ = [
+    "ANONYMOUS",
     "BadRequest",
     "BatchError",
     "BatchItem",
@@ -58,6 +72,7 @@ __all__ = [
     "FarmStatus",
     "Health",
     "InstancePool",
+    "JSONGuard",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",
@@ -66,23 +81,35 @@ __all__ = [
     "PayloadTooLarge",
     "PoolConfig",
     "PoolStats",
+    "Quota",
+    "RedactCredentials",
     "ReleaseResponse",
     "ReleaseStatus",
     "ReplicaStatus",
     "TaskNotFound",
+    "Tenant",
+    "Tenants",
+    "TenantsConfig",
     "VerifierFactory",
     "VerifyRequest",
     "VerifyResponse",
     "build_app",
     "error_response",
     "free_port",
+    "hash_key",
+    "health_response",
     "install_error_handlers",
     "install_status_routes",
+    "load_tenants",
     "make_server",
+    "mcp_credential",
     "merge_exposition",
+    "new_key",
     "new_owner_tag",
     "owner_of",
+    "parse_keys",
     "read_body",
+    "redact_path",
     "scope_header",
     "summarize_status",
 ]

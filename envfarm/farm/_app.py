@@ -9,14 +9,23 @@ from typing import Annotated
 
 from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
-from fastapi.security import HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.routing import Route
 
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import FastCall
-from envfarm.farm._http import BodyLimit, bearer, install_error_handlers
+from envfarm.farm._http import (
+    BodyLimit,
+    Drain,
+    Draining,
+    bearer,
+    health_response,
+    install_error_handlers,
+)
+from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
+from envfarm.farm._tenants import KEY_HEADER
 from envfarm.models import CallResult, ToolSpec
 from envfarm.wire import (
     LEASE_ID_PATTERN,
@@ -45,10 +54,13 @@ LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=LEASE_ID_PAT
 Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=OWNER_PATTERN,
                             description="Owner tag: the part of a lease id before '-'.")]
 
-_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422)}
+_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422, 429, 503)}
 # Declares the bearer scheme in the OpenAPI; the token itself is read by ``bearer()`` so that
 # a missing one becomes our 401 body, not FastAPI's.
 _auth = [Depends(HTTPBearer(auto_error=False, description="The lease's token."))]
+# The farm API key of lease creation, read by the handler (a missing one may be fine).
+_key = [Depends(APIKeyHeader(name="X-Envfarm-Key", auto_error=False,
+                             description="A tenant's farm API key."))]
 
 
 class Which(str, Enum):
@@ -74,16 +86,24 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     install_error_handlers(app)
     if core.config.fast_paths:
         app.add_middleware(FastCall, core=core)  # inside BodyLimit: oversized bodies get 413
+    app.add_middleware(JSONGuard)  # hostile JSON: 400 before any route parses it
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
+    app.state.drain = Drain()  # a stop waits for requests in flight (PoolReplica.drain)
+    app.add_middleware(Draining, state=app.state.drain)
     app.state.core = core
     app.state.mcp = mcp
 
     def lease_of(request: Request, env: str, lease_id: str) -> LeaseRecord:
         return core.lease(env, lease_id, bearer(request))
 
-    @app.get("/healthz", response_model=Health, tags=["farm"])
-    async def healthz() -> Health:
-        return core.health()
+    def base_url(request: Request) -> str:
+        """Where this client reached the farm: the prefix of a lease's absolute mcp_url."""
+        return core.config.public_url or str(request.base_url)
+
+    @app.get("/healthz", response_model=Health, tags=["farm"],
+             responses={503: {"model": Health, "description": "Not ready yet."}})
+    async def healthz() -> Response:
+        return health_response(core.health())
 
     @app.get("/metrics", tags=["farm"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
@@ -91,7 +111,8 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         return Response(core.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def status() -> FarmStatus:
-        return summarize_status([core.replica_status()], core.env_names(), "no-ray")
+        return summarize_status([core.replica_status()], core.env_names(), "no-ray",
+                                open_farm=core.tenants.open, ready=core.health().ready)
 
     install_status_routes(app, status)
 
@@ -110,20 +131,24 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         """Load the env now (on-demand farms): its first lease then skips the cold start."""
         return await core.warm(env)
 
+    create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 413, 422, 429, 503)}
+
     @app.post("/envs/{env}/leases", response_model=LeaseInfo, status_code=201, tags=["leases"],
-              responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
-    async def create_lease(env: EnvName, req: Annotated[LeaseRequest | None, Body()] = None
-                           ) -> LeaseInfo:
-        return await core.create_lease(env, req or LeaseRequest())
+              responses=create_errors, dependencies=_key)
+    async def create_lease(request: Request, env: EnvName,
+                           req: Annotated[LeaseRequest | None, Body()] = None) -> LeaseInfo:
+        return await core.create_lease(env, req or LeaseRequest(), base_url(request),
+                                       request.headers.get(KEY_HEADER))
 
     @app.post("/envs/{env}/leases:batch", response_model=list[LeaseInfo], status_code=201,
-              tags=["leases"],
-              responses={k: _ERRORS[k] for k in (404, 413, 422)} | {503: {"model": ErrorBody}})
-    async def create_leases(env: EnvName, req: LeaseBatchRequest) -> list[LeaseInfo]:
+              tags=["leases"], responses=create_errors, dependencies=_key)
+    async def create_leases(request: Request, env: EnvName, req: LeaseBatchRequest
+                            ) -> list[LeaseInfo]:
         body = LeaseRequest.model_validate(req.model_dump(exclude={"count"}))
-        return await core.create_leases(env, body, req.count)
+        return await core.create_leases(env, body, req.count, base_url(request),
+                                        request.headers.get(KEY_HEADER))
 
-    lease_errors = {k: _ERRORS[k] for k in (401, 403, 404, 410)}
+    lease_errors = {k: _ERRORS[k] for k in (401, 403, 404, 410, 429)}
 
     @app.get("/envs/{env}/leases/{lease_id}/tools", response_model=list[ToolSpec],
              tags=["leases"], responses=lease_errors, dependencies=_auth)
@@ -135,7 +160,9 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
               dependencies=_auth)
     async def call(request: Request, env: EnvName, lease_id: LeaseId, req: CallRequest
                    ) -> CallResult:
-        return await core.call(lease_of(request, env, lease_id), req.tool, req.arguments)
+        lease = lease_of(request, env, lease_id)
+        core.admit_call(lease)
+        return await core.call(lease, req.tool, req.arguments)
 
     @app.post("/envs/{env}/leases/{lease_id}/reset", response_model=ResetResponse,
               tags=["leases"], responses=lease_errors, dependencies=_auth)
@@ -177,6 +204,6 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     async def batch_call(req: BatchRequest) -> BatchResponse:
         return BatchResponse(results=await core.batch_call(req.calls))
 
-    app.router.routes.append(Route("/envs/{env}/leases/{lease_id}/mcp", mcp,
-                                   methods=["GET", "POST", "DELETE"]))
+    for path in ("/envs/{env}/leases/{lease_id}/mcp", "/envs/{env}/leases/{lease_id}/mcp/{cap}"):
+        app.router.routes.append(Route(path, mcp, methods=["GET", "POST", "DELETE"]))
     return app

@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envfarm.farm._schemas import ToolRendering
+from envfarm.farm._tenants import TenantsConfig
+
 
 #: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
 ON_DEMAND_ABOVE = 16
@@ -83,6 +86,15 @@ class FarmConfig(BaseModel):
     spare_workers: int | None = Field(default=None, ge=0, le=64, description=(
         "Env workers started ahead of need (imports done, jailed, no env yet): a cold start "
         "or a new worker takes one and only loads code. None: 2 on on-demand farms, else 0."))
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig,
+                                   description="API keys (hashed) and per-tenant quotas.")
+    public_url: str | None = Field(default=None, description=(
+        "Base URL clients reach the farm at, for the absolute mcp_url of a lease; None: the "
+        "URL the lease request came to."))
+    tool_schemas: ToolRendering = Field(default="fastapi-mcp", description=(
+        "How MCP lists tools: as AWM's server (fastapi-mcp) renders them, which models "
+        "trained on AWM know and AWM's client reads, or the runtime's exact merged schemas "
+        "(what HTTP /tools always lists)."))
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))

@@ -32,11 +32,14 @@ from envfarm.errors import (
     LeaseUnauthorized,
     TaskNotFound,
 )
+from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._registry import EnvRegistry
+from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
 from envfarm.farm._status import ReplicaStatus
+from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
@@ -87,7 +90,12 @@ class LeaseRecord:
     expires_at: float
     idle_timeout_s: float
     idempotency_key: str | None = None
+    tenant: str = ANONYMOUS
     last_used: float = field(default_factory=time.monotonic)
+    #: requests refused for a missing or wrong credential, and requests its agent got through
+    #: (MCP, tools, calls): a lease with only the first never connected (see ``verify``)
+    refused: int = 0
+    agent_requests: int = 0
     #: env-side failures of tool calls since the episode began (lease or last reset)
     env_errors: list[str] = field(default_factory=list)
 
@@ -142,16 +150,22 @@ class FarmCore:
                     raise  # asked for by name: fail loudly
                 self.problems.append(f"{name}: {exc.message}")
                 log.warning("not serving %s: %s", name, exc.message)
+        #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas);
+        #: an on-demand type's are added when it loads (``_serve_env``)
+        self.tool_specs = {name: render_tools(served, config.tool_schemas)
+                           for name, served in self.envs.items()}
         self.registry = EnvRegistry(
-            [n for n in names if n in self.envs or on_demand], self._serve_env,
+            [n for n in names if n in self.envs or on_demand], self._cold_load,
             loaded=self.envs, on_demand=on_demand, hot=hot, evict_idle_s=config.evict_idle_s,
             problems=self.problems)
         self.leases: dict[str, LeaseRecord] = {}
-        self._idempotent: dict[tuple[str, str], str] = {}
+        self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = _LazyVerifier(verifier)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
                                    self.registry.counts)
+        self.tenants = Tenants(config.tenants)
+        self.metrics.registry.register(TenantCollector(self.owner, self.tenants))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
@@ -171,6 +185,11 @@ class FarmCore:
         except WorkerStartError as exc:
             raise EnvLoadError(str(exc), env=name) from None
         self._module_state[code_hash] = served.module_state
+        return served
+
+    def _cold_load(self, name: str) -> ServedEnv:
+        served = self._serve_env(name)
+        self.tool_specs[name] = render_tools(served, self.config.tool_schemas)
         return served
 
     def _close_envs_now(self) -> None:
@@ -269,6 +288,8 @@ class FarmCore:
         return [served.pool_stats() for served in self.envs.values()]
 
     def health(self) -> Health:
+        """Ready: every env's pool was built and filled in ``__init__``, before any request
+        (the Serve front adds whether every env's app runs and is routable)."""
         return Health(owner=self.owner, envs=self.env_names(), leases_active=len(self.leases),
                       free_instances=sum(s.free for s in self.pool_stats()),
                       isolation=self.isolation)
@@ -280,18 +301,23 @@ class FarmCore:
                              isolation=self.isolation, types=self.registry.counts())
 
     # -- leases ---------------------------------------------------------------------------------
-    async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = ""
-                           ) -> LeaseInfo:
+    async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
+                           key: str | None = None, *, tenant: str | None = None) -> LeaseInfo:
+        """``key``: the caller's farm API key (``tenant``: already identified and admitted)."""
         started = time.perf_counter()
         name = self.served_name(env)
+        admitted = tenant is not None
+        tenant = tenant or self.tenants.identify(key)
         if req.idempotency_key is not None:
-            known = self._idempotent.get((name, req.idempotency_key))
+            known = self._idempotent.get((tenant, name, req.idempotency_key))
             if known is not None and known in self.leases:
                 return self._info(self.leases[known], mcp_prefix)
         tasks = self.catalog[name].tasks
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
+        if not admitted:
+            self.tenants.admit_leases(tenant)
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
         self.registry.pin(name)  # not evicted while this lease is being made
@@ -301,7 +327,7 @@ class FarmCore:
         finally:
             self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
-            known = self._idempotent.get((name, req.idempotency_key))
+            known = self._idempotent.get((tenant, name, req.idempotency_key))
             if known is not None and known in self.leases:
                 served.release(instance)
                 return self._info(self.leases[known], mcp_prefix)
@@ -309,22 +335,28 @@ class FarmCore:
                             token=secrets.token_urlsafe(24), instance=instance,
                             task_idx=req.task_idx, expires_at=time.time() + ttl,
                             idle_timeout_s=min(policy.idle_timeout_s, ttl),
-                            idempotency_key=req.idempotency_key)
+                            idempotency_key=req.idempotency_key, tenant=tenant)
         self.leases[lease.lease_id] = lease
+        self.tenants.opened(tenant)
         if req.idempotency_key is not None:
-            self._idempotent[(name, req.idempotency_key)] = lease.lease_id
+            self._idempotent[(tenant, name, req.idempotency_key)] = lease.lease_id
         self.metrics.lease_events.labels(name, "created").inc()
         self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
         return self._info(lease, mcp_prefix)
 
-    async def create_leases(self, env: str, req: LeaseRequest, count: int) -> list[LeaseInfo]:
-        """``count`` leases at once (idempotency keys get ``-<i>`` suffixes)."""
-        out = []
-        for i in range(count):
-            key = None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
-            out.append(await self.create_lease(
-                env, req.model_copy(update={"idempotency_key": key})))
-        return out
+    async def create_leases(self, env: str, req: LeaseRequest, count: int,
+                            mcp_prefix: str = "", key: str | None = None) -> list[LeaseInfo]:
+        """``count`` leases at once (idempotency keys get ``-<i>`` suffixes), admitted by the
+        tenant's quota all together or not at all."""
+        tenant = self.tenants.identify(key)
+        name = self.served_name(env)
+        keys = [None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
+                for i in range(count)]
+        fresh = sum(k is None or self._idempotent.get((tenant, name, k)) not in self.leases
+                    for k in keys)
+        self.tenants.admit_leases(tenant, fresh)
+        return [await self.create_lease(env, req.model_copy(update={"idempotency_key": k}),
+                                        mcp_prefix, tenant=tenant) for k in keys]
 
     def _info(self, lease: LeaseRecord, mcp_prefix: str) -> LeaseInfo:
         task = None
@@ -332,12 +364,14 @@ class FarmCore:
             task = self.envs[lease.env].bundle.tasks[lease.task_idx]
         return LeaseInfo(lease_id=lease.lease_id, env=lease.env, token=lease.token,
                          expires_at=lease.expires_at, idle_timeout_s=lease.idle_timeout_s,
-                         mcp_url=f"{mcp_prefix}/envs/{lease.env}/leases/{lease.lease_id}/mcp",
+                         mcp_url=mcp_prefix.rstrip("/") + mcp_path(lease.env, lease.lease_id,
+                                                                   lease.token),
                          task_idx=lease.task_idx, task=task)
 
     def lease(self, env: str | None, lease_id: str, token: str | None) -> LeaseRecord:
         """The lease, if the caller may use it: 401 / 403 / 404 / 410 otherwise."""
         if not token:
+            self._refused(lease_id)
             raise LeaseUnauthorized("lease calls need 'Authorization: Bearer <lease token>'",
                                     lease_id=lease_id)
         lease = self.leases.get(lease_id)
@@ -347,6 +381,7 @@ class FarmCore:
             raise LeaseNotFound(f"lease {lease_id} is not a lease of env {env!r}",
                                 lease_id=lease_id)
         if not hmac.compare_digest(lease.token, token):
+            lease.refused += 1
             raise LeaseForbidden(f"wrong token for lease {lease_id}", lease_id=lease_id)
         if lease.expires_at <= time.time():
             self._close(lease, "expired (its TTL ran out)")
@@ -356,11 +391,22 @@ class FarmCore:
         lease.touch()
         return lease
 
-    def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
-        """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
-        self._close(lease, f"lease_lost: {why}")
-        return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
-                         "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
+    def _refused(self, lease_id: str) -> None:
+        lease = self.leases.get(lease_id)
+        if lease is not None:
+            lease.refused += 1
+
+    def held(self, lease: LeaseRecord) -> LeaseRecord:
+        """The lease, if it is still open: checked again where a request waited (a body read,
+        a framework's dispatch) after its first check, so a call never lands on an instance
+        the lease gave back (and that may serve another lease by now)."""
+        if self.leases.get(lease.lease_id) is not lease:
+            raise self._missing(lease.lease_id)
+        return lease
+
+    def admit_call(self, lease: LeaseRecord) -> None:
+        """Count a tool call against the lease's tenant (429 over quota)."""
+        self.tenants.admit_call(lease.tenant)
 
     def _missing(self, lease_id: str) -> EnvfarmError:
         why = self._closed.get(lease_id)
@@ -389,7 +435,8 @@ class FarmCore:
         if self.leases.pop(lease.lease_id, None) is None:
             return
         if lease.idempotency_key is not None:
-            self._idempotent.pop((lease.env, lease.idempotency_key), None)
+            self._idempotent.pop((lease.tenant, lease.env, lease.idempotency_key), None)
+        self.tenants.closed(lease.tenant)
         self._closed[lease.lease_id] = why
         while len(self._closed) > self.config.leases.tombstones:
             self._closed.popitem(last=False)
@@ -399,11 +446,13 @@ class FarmCore:
 
     # -- per-lease operations -------------------------------------------------------------------
     def tools(self, lease: LeaseRecord) -> list[ToolSpec]:
+        lease.agent_requests += 1
         return lease.instance.tools
 
     async def call(self, lease: LeaseRecord, tool: str, arguments: dict) -> CallResult:
+        lease.agent_requests += 1
         try:
-            res = await lease.instance.call(tool, arguments)
+            res = await self.held(lease).instance.call(tool, arguments)
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
         lease.touch()
@@ -418,14 +467,14 @@ class FarmCore:
 
     async def reset(self, lease: LeaseRecord) -> None:
         try:
-            await lease.instance.reset()
+            await self.held(lease).instance.reset()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
         lease.env_errors.clear()  # a new episode begins
 
     async def snapshot(self, lease: LeaseRecord) -> bytes:
         try:
-            return await lease.instance.snapshot()
+            return await self.held(lease).instance.snapshot()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
 
@@ -438,7 +487,10 @@ class FarmCore:
         if task_idx >= len(bundle.tasks):
             raise TaskNotFound(f"env {lease.env!r} has {len(bundle.tasks)} tasks; no task_idx "
                                f"{task_idx}", env=lease.env, task_idx=task_idx)
-        if lease.env_errors:
+        never = never_connected(lease)
+        if never is not None:
+            verdict = never
+        elif lease.env_errors:
             # The env failed the agent during this episode: no verdict on the agent (the
             # judge's rule 6), whatever the databases say.
             verdict = Verdict.of(Outcome.environment_error,
@@ -461,12 +513,23 @@ class FarmCore:
         async def one(item: BatchItem) -> BatchResult:
             try:
                 lease = self.lease(item.env, item.lease_id, item.token)
+                self.admit_call(lease)
                 result = await self.call(lease, item.tool, item.arguments)
             except EnvfarmError as exc:
                 return BatchResult(lease_id=item.lease_id, error=BatchError.of(exc))
             return BatchResult(lease_id=item.lease_id, result=result)
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def never_connected(lease: LeaseRecord) -> Verdict | None:
+    """An invalid verdict for a lease whose only traffic was refused (no or wrong credential):
+    its agent never reached the env (a client that hid a 401), which says nothing about it."""
+    if not lease.refused or lease.agent_requests:
+        return None
+    return Verdict.of(Outcome.invalid, f"the lease's agent never connected: all {lease.refused} "
+                      "of its requests were refused (missing or wrong credential)",
+                      error_kind="unauthorized", details={"refused_requests": lease.refused})
 
 
 class _NoVerifier:

@@ -125,8 +125,9 @@ class FastCall:
             return
         try:
             lease = self.core.lease(match.group(1), match.group(2), bearer_of(scope))
+            self.core.admit_call(lease)
             result = await self.core.call(lease, *parsed)
-        except EnvfarmError as exc:  # 401/403/404/410, lease_lost included
+        except EnvfarmError as exc:  # 401/403/404/410 (lease_lost included), 429
             await error_response(exc)(scope, receive, send)
             return
         await send_json(send, 200, result.model_dump_json().encode())

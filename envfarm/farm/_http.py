@@ -6,8 +6,10 @@ SDK read); this module only renders ``{"error": {kind, message, ...}}`` bodies.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import json
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,18 +22,31 @@ from envfarm.errors import (
     BadRequest,
     EnvfarmError,
     ErrorKind,
+    FarmNotReady,
     PayloadTooLarge,
     http_status,
     status_kind,
 )
+from envfarm.wire import Health
 
 log = logging.getLogger("envfarm.farm")
 
 
 def error_response(exc: EnvfarmError) -> JSONResponse:
     status = http_status(type(exc))
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    retry_after = exc.fields.get("retry_after_s")
+    if isinstance(retry_after, int | float):
+        # whole seconds, at least 1 (RFC 9110); the body keeps the exact figure
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    return JSONResponse({"error": exc.to_dict()}, status_code=status, headers=headers or None)
+
+
+def health_response(health: Health) -> JSONResponse:
+    """``/healthz``: 200 when ready, 503 with ``Retry-After`` before (probes read the status)."""
+    if health.ready:
+        return JSONResponse(health.model_dump())
+    return JSONResponse(health.model_dump(), status_code=503, headers={"Retry-After": "1"})
 
 
 def error_body(status: int, kind: ErrorKind, message: str, **extra: Any) -> JSONResponse:
@@ -116,6 +131,48 @@ class BodyLimit:
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(PayloadTooLarge(self._message(), limit=self.limit))
         await response(scope, receive, send)
+
+
+class Drain:
+    """Requests in flight, and whether the farm is stopping (see ``Draining``)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.in_flight = 0
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests and wait up to ``timeout_s`` for the in-flight ones; how many
+        were still running at the end."""
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return self.in_flight
+
+
+class Draining:
+    """Counts requests in flight; once stopping, answers new ones 503 (with ``Retry-After``
+    and ``Connection: close``) so a stop can wait for the in-flight ones to be answered."""
+
+    def __init__(self, app: ASGIApp, state: Drain) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.state.stopping:
+            response = error_response(FarmNotReady("the farm is stopping", retry_after_s=1.0))
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
 
 
 def bearer(request: Request) -> str | None:

@@ -10,6 +10,7 @@ transport, dispatcher and middleware cost more than the tool itself.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from envfarm.errors import EnvfarmError
+from envfarm.farm._capability import credential_matches
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import (
     mcp_response,
@@ -42,7 +44,7 @@ class _LeaseTool(Tool):
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         scope = get_http_request().scope
         core: FarmCore = scope[_LEASE_KEY + ".core"]
-        lease: LeaseRecord = scope[_LEASE_KEY]
+        lease: LeaseRecord = core.held(scope[_LEASE_KEY])  # still open after FastMCP's dispatch
         text, structured, is_error = tool_answer(await core.call(lease, self.name, arguments))
         return ToolResult(content=text, structured_content=structured, is_error=is_error)
 
@@ -62,13 +64,12 @@ class LeaseMCP:
         self.core = core
         self.fast_path = fast_path
         self.fast_calls = 0  # tools/call answered without FastMCP (tests, operators)
-        self.tools = {env: {t.name: t for t in runtime.tools}
-                      for env, runtime in core.envs.items()}
+        self.tools = {env: {t.name: t for t in specs} for env, specs in core.tool_specs.items()}
         self.server_info: dict[str, dict[str, str]] = {}
         self.apps: dict[str, ASGIApp] = {}
         self._lifespans: list[Any] = []
-        for env, runtime in core.envs.items():
-            server = _server(env, runtime.tools)
+        for env, specs in core.tool_specs.items():
+            server = _server(env, specs)
             self.server_info[env] = {"name": server.name, "version": str(server.version)}
             app = server.http_app(
                 path="/", stateless_http=True, json_response=True, host_origin_protection=False)
@@ -84,28 +85,37 @@ class LeaseMCP:
             yield
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope)
         params = scope.get("path_params", {})
         env, lease_id = params.get("env", ""), params.get("lease_id", "")
-        try:
-            lease = self.core.lease(env, lease_id, bearer(request))
-        except EnvfarmError as exc:
-            await error_response(exc)(scope, receive, send)
-            return
-        if self.fast_path and scope["method"] == "POST":
+        body = None
+        if scope["method"] == "POST":
+            # The body first, then the lease: a lease released while the body was on its way
+            # must not lend its (recycled) instance to the request.
             body = await read_body(receive)
             if body is None:
                 return  # the client is gone
-            call = mcp_tools_call(scope, body, self.tools[lease.env])
-            if call is not None:
-                self.fast_calls += 1
-                try:
-                    res = await self.core.call(lease, call.tool, call.arguments)
-                except EnvfarmError as exc:  # the lease was lost with its worker
-                    await error_response(exc)(scope, receive, send)
+        try:
+            lease = self.core.lease(env, lease_id, self._token(scope, lease_id))
+            calls = tool_calls(body) if body else 0
+            for _ in range(calls):
+                self.core.admit_call(lease)
+        except EnvfarmError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        lease.agent_requests += 1
+        if body is not None:
+            if self.fast_path:
+                call = mcp_tools_call(scope, body, self.tools[lease.env])
+                if call is not None:
+                    self.fast_calls += 1
+                    try:
+                        res = await self.core.call(lease, call.tool, call.arguments)
+                    except EnvfarmError as exc:  # the lease was lost with its worker
+                        await error_response(exc)(scope, receive, send)
+                        return
+                    await send_json(send, 200,
+                                    mcp_response(call, res, self.server_info[lease.env]))
                     return
-                await send_json(send, 200, mcp_response(call, res, self.server_info[lease.env]))
-                return
             receive = replay(body, receive)
         inner = dict(scope)
         inner[_LEASE_KEY] = lease
@@ -114,3 +124,24 @@ class LeaseMCP:
         inner["raw_path"] = b"/"
         inner["root_path"] = ""
         await self.apps[lease.env](inner, receive, send)
+
+    def _token(self, scope: Scope, lease_id: str) -> str | None:
+        """The bearer token, or the lease's own token when the path holds its MCP credential
+        (a wrong credential, or one of another lease, gives a token that matches nothing)."""
+        credential = scope.get("path_params", {}).get("cap")
+        if credential is None:
+            return bearer(Request(scope))
+        lease = self.core.leases.get(lease_id)
+        if lease is not None and credential_matches(lease.token, credential):
+            return lease.token
+        return "\x00wrong-credential"
+
+
+def tool_calls(body: bytes) -> int:
+    """How many ``tools/call`` messages a JSON-RPC body (one message or a batch) holds."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return 0
+    messages = data if isinstance(data, list) else [data]
+    return sum(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)

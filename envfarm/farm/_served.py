@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from envfarm._tools import openapi_as_fastapi_mcp
 from envfarm.farm._config import PoolConfig
 from envfarm.farm._pool import InstancePool
 from envfarm.models import CallResult, EnvBundle, ToolSpec
@@ -37,6 +38,8 @@ class ServedEnv(Protocol):
     tools: list[ToolSpec]
     problems: list[str]
     isolation: str
+    #: The env app's OpenAPI as fastapi-mcp generates it (MCP listings), or None.
+    openapi: dict[str, Any] | None
 
     async def acquire(self) -> InstanceHandle: ...
     def release(self, inst: InstanceHandle) -> None: ...
@@ -84,6 +87,10 @@ class LocalEnv:
         self.tools = runtime.tools
         self.problems = runtime.problems
         self.pool = InstancePool(runtime, config)
+        try:
+            self.openapi = openapi_as_fastapi_mcp(runtime.app)
+        except Exception:  # noqa: BLE001 - generated code's schema may not render
+            self.openapi = None
 
     async def acquire(self) -> LocalInstance:
         return LocalInstance(self.pool.acquire())

@@ -31,6 +31,7 @@ class ReplicaStatus(_Model):
 
     owner: str = Field(description="Owner tag: the prefix of the lease ids it hands out.")
     app: str | None = Field(default=None, description="Serve application (None: --no-ray).")
+    node: str | None = Field(default=None, description="Ray node id (None: --no-ray).")
     pid: int
     leases: int = Field(description="Leases it holds.")
     pools: list[PoolStats]
@@ -38,11 +39,27 @@ class ReplicaStatus(_Model):
     isolation: str = Field(default="", description="Where its env code runs (confined or not).")
     types: TypeCounts = Field(default_factory=TypeCounts,
                               description="Its env types: loaded, cold, broken, churn.")
+    tenants: dict[str, TenantUsage] = Field(default_factory=dict,
+                                            description="tenant -> its use of this process.")
+
+
+class TenantUsage(_Model):
+    """One tenant's counts (since start; per process, added up across replicas)."""
+
+    leases: int = Field(description="Live leases.")
+    created: int = Field(description="Leases created.")
+    calls: int = Field(description="Tool calls admitted.")
+    refused: dict[str, int] = Field(description="Requests refused, by quota.")
+
+
+class TenantStatus(TenantUsage):
+    tenant: str
 
 
 class ReplicaInfo(_Model):
     owner: str
     app: str | None
+    node: str | None = None
     pid: int
     envs: list[str]
     leases: int
@@ -85,6 +102,10 @@ class FarmStatus(_Model):
     types: TypeCounts = Field(default_factory=TypeCounts, description=(
         "Env types summed over the replicas that answered (a type served by two replicas "
         "counts twice)."))
+    tenants: list[TenantStatus] = Field(default_factory=list)
+    open: bool | None = Field(default=None, description=(
+        "Leases may be created without an API key (a loopback dev farm)."))
+    ready: bool | None = Field(default=None, description="What /healthz says (see Health).")
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -96,7 +117,8 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, *,
-              unreachable: int = 0) -> FarmStatus:
+                     unreachable: int = 0, open_farm: bool | None = None,
+                     ready: bool | None = None) -> FarmStatus:
     """One view of the farm from every replica that answered; ``envs``: the envs served."""
     names = sorted(set(envs) | {p.env for r in replicas for p in r.pools})
     rows = []
@@ -121,13 +143,28 @@ def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, 
                               invalid_verify=_share(invalid, n_verify)),
             p50_ms=_ms(quantile(latency, 0.5)), p99_ms=_ms(quantile(latency, 0.99))))
     window_s = max((w.span_s for r in replicas for w in r.window.values()), default=0.0)
-    infos = [ReplicaInfo(owner=r.owner, app=r.app, pid=r.pid, envs=[p.env for p in r.pools],
-                         leases=r.leases) for r in sorted(replicas, key=lambda r: r.owner)]
+    infos = [ReplicaInfo(owner=r.owner, app=r.app, node=r.node, pid=r.pid,
+                         envs=[p.env for p in r.pools], leases=r.leases)
+             for r in sorted(replicas, key=lambda r: (r.node or "", r.owner))]  # by node
     return FarmStatus(mode=mode, generated_at=time.time(), window_s=window_s,
                       leases=sum(r.leases for r in replicas),
                       calls_per_s=round(sum(e.calls_per_s for e in rows), 3),
                       replicas=infos, unreachable=unreachable, envs=rows,
-                      types=sum((r.types for r in replicas), TypeCounts()))
+                      types=sum((r.types for r in replicas), TypeCounts()),
+                      tenants=_tenants(replicas), open=open_farm, ready=ready)
+
+
+def _tenants(replicas: list[ReplicaStatus]) -> list[TenantStatus]:
+    merged: dict[str, TenantStatus] = {}
+    for r in replicas:
+        for name, u in r.tenants.items():
+            t = merged.setdefault(name, TenantStatus(tenant=name, leases=0, created=0, calls=0,
+                                                     refused={}))
+            t.leases += u.leases
+            t.created += u.created
+            t.calls += u.calls
+            add_counts(t.refused, u.refused)
+    return [merged[name] for name in sorted(merged)]
 
 
 def status_page() -> str:

@@ -78,6 +78,8 @@ def build(pid: int | None, threads: bool, processes: bool,
     if not processes:
         _rule(flt, deny, "fork")
         _rule(flt, deny, "vfork")
+        # prctl(PR_SET_PDEATHSIG, 0) would cancel death with the parent (set before this layer).
+        _rule(flt, deny, "prctl", sc.Arg(0, sc.EQ, 1))
         if threads:
             _rule(flt, deny, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
         else:

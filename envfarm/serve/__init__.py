@@ -9,10 +9,12 @@ from envfarm.serve._incluster import InClusterFarm
 from envfarm.serve._options import DeploymentOptions, ServeOptions
 from envfarm.serve._router import LeaseRouter, owner_from_path
 from envfarm.serve._run import RunningFarm, start_farm
+from envfarm.serve._stop import Descendants, shielded_start, stop_within
 
 __all__ = [
     "AppPlan",
     "DeploymentOptions",
+    "Descendants",
     "Front",
     "InClusterFarm",
     "LeaseRouter",
@@ -22,5 +24,7 @@ __all__ = [
     "applications",
     "owner_from_path",
     "plan",
+    "shielded_start",
     "start_farm",
+    "stop_within",
 ]

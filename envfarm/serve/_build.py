@@ -11,7 +11,7 @@ from ray.serve.api import RunTarget
 
 from envfarm.catalog import Catalog, load_catalog
 from envfarm.farm import FarmConfig
-from envfarm.serve._deployments import Front
+from envfarm.serve._deployments import OWN_APP_PREFIX, Front
 from envfarm.serve._ingress import pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions, access_logging
 
@@ -43,7 +43,7 @@ def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = No
         # them all (a Serve application per type costs ~84 MiB and 1-2 s to start).
         return [AppPlan(name="pack-0", envs=envs, route_prefix=None, options=options.deployment)]
     if options.pack == 1:
-        return [AppPlan(name=f"env-{e}", envs=[e], route_prefix=f"/envs/{e}",
+        return [AppPlan(name=f"{OWN_APP_PREFIX}{e}", envs=[e], route_prefix=f"/envs/{e}",
                         options=options.for_env(e)) for e in envs]
     packs = [envs[i:i + options.pack] for i in range(0, len(envs), options.pack)]
     return [AppPlan(name=f"pack-{k}", envs=p, route_prefix=None, options=options.deployment)

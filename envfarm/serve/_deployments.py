@@ -8,10 +8,13 @@ all through DeploymentHandles routed by ``LeaseRouter``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
+import time
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from envfarm._asgi import call_asgi
 from envfarm.catalog import load_catalog
 from envfarm.compose import compose_core
-from envfarm.errors import EnvNotFound
+from envfarm.errors import EnvNotFound, FarmNotReady
 from envfarm.farm import (
     BatchError,
     BatchItem,
@@ -32,19 +35,23 @@ from envfarm.farm import (
     FarmConfig,
     FarmCore,
     FarmStatus,
+    Health,
+    JSONGuard,
     LeaseRequest,
+    RedactCredentials,
     ReplicaStatus,
     build_app,
     error_response,
+    health_response,
     install_error_handlers,
     install_status_routes,
     merge_exposition,
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
+from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 from envfarm.serve._to_owner import ToOwner
 from envfarm.wire import by_owner
-from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 
 
 class _FullPath:
@@ -59,9 +66,19 @@ class _FullPath:
         await self._asgi(scope, receive, send)
 
 
+#: Apps named so have their own route prefix (``/envs/<env>``); packed ones are reached through
+#: the front (see ``envfarm.serve._build.plan``).
+OWN_APP_PREFIX = "env-"
+
+
 def _owner_tag() -> str:
     # Replica ids are alphanumeric today; keep only safe characters in case that changes.
     return re.sub(r"[^A-Za-z0-9_]", "", serve.get_replica_context().replica_id.unique_id)
+
+
+def _node_id() -> str:
+    """The Ray node this replica runs on (the status page groups replicas by node)."""
+    return ray.get_runtime_context().get_node_id()
 
 
 class ForwardedRequest(BaseModel):
@@ -90,7 +107,10 @@ class PoolReplica:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.core = compose_core(FarmConfig.model_validate(config), owner=_owner_tag())
+        # Serve's access log (--access-log) prints paths: keep MCP credentials out of it.
+        logging.getLogger("ray.serve").addFilter(RedactCredentials())
         app = build_app(self.core, title=f"envfarm pool {','.join(self.core.env_names())}")
+        self._drain = app.state.drain
         self._pool: Any = None
         self._asgi = ToOwner(app, self.core.owner, self._own_pool)
 
@@ -110,8 +130,10 @@ class PoolReplica:
         return [r.model_dump() for r in results]
 
     async def create_lease(self, env: str, request: dict[str, Any] | None = None,
-                           owner: str | None = None) -> dict[str, Any]:
-        info = await self.core.create_lease(env, LeaseRequest.model_validate(request or {}))
+                           owner: str | None = None, api_key: str | None = None
+                           ) -> dict[str, Any]:
+        info = await self.core.create_lease(env, LeaseRequest.model_validate(request or {}),
+                                            key=api_key)
         return info.model_dump()
 
     async def release(self, env: str, lease_id: str, token: str, owner: str) -> dict[str, Any]:
@@ -130,12 +152,16 @@ class PoolReplica:
     async def replica_status(self, owner: str) -> dict[str, Any]:
         """This replica's part of the status page (the front merges them)."""
         app = serve.get_replica_context().app_name
-        return self.core.replica_status(app).model_dump()
+        return self.core.replica_status(app).model_copy(update={"node": _node_id()}).model_dump()
+
+    async def drain(self, owner: str, timeout_s: float = 3.0) -> int:
+        """Refuse new requests (503) and wait for those in flight: the farm is stopping."""
+        return await self._drain.drain(timeout_s)
 
     async def whoami(self, owner: str) -> dict[str, Any]:
         """Owner tag and process id of this replica (tests, operators)."""
         return {"owner": self.core.owner, "pid": os.getpid(), "leases": len(self.core.leases),
-                "handed_on": self._asgi.handed_on}
+                "handed_on": self._asgi.handed_on, "node": _node_id()}
 
     def record_routing_stats(self) -> dict[str, Any]:
         return {"leases": len(self.core.leases)}
@@ -153,6 +179,7 @@ class Front:
         self.routes = {env: tuple(where) for env, where in deployments.items()}
         self.replicas = replicas
         self._handles: dict[tuple[str, str], Any] = {}
+        self._health: tuple[float, Health] | None = None
         self._asgi = self._build()
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
@@ -181,15 +208,17 @@ class Front:
         app = FastAPI(title="envfarm", version="1",
                       description="The farm's front: catalog, health, metrics, batched calls.")
         install_error_handlers(app)
+        app.add_middleware(JSONGuard)
         served = set(self.routes)
         # /docs and /openapi.json show the whole lease API (served by the pools), not just the
         # front's own routes: the schema of the farm app over no envs.
         schema = build_app(FarmCore(self.config.with_envs([]), catalog=self.catalog)).openapi()
         app.openapi = lambda: schema  # type: ignore[method-assign]
 
-        @app.get("/healthz")
-        async def healthz() -> dict[str, Any]:
-            return {"status": "ok", "envs": sorted(served)}
+        @app.get("/healthz", response_model=Health,
+                 responses={503: {"model": Health, "description": "Not ready yet."}})
+        async def healthz() -> Response:
+            return health_response(await self.health())
 
         @app.get("/envs", response_model=list[EnvSummary])
         async def envs() -> list[EnvSummary]:
@@ -208,7 +237,9 @@ class Front:
                                              if isinstance(a, dict))}
             return summarize_status(list(replicas.values()), sorted(served), "serve",
                                     unreachable=sum(isinstance(a, BaseException)
-                                                    for a in answers))
+                                                    for a in answers),
+                                    open_farm=not self.config.tenants.require_key,
+                                    ready=(await self.health()).ready)
 
         install_status_routes(app, status)
 
@@ -219,11 +250,16 @@ class Front:
         @app.api_route("/envs/{env}", methods=["GET"])
         @app.api_route("/envs/{env}/{rest:path}", methods=["GET", "POST", "DELETE"])
         async def forward(request: Request, env: str, rest: str = "") -> Response:
-            # Only packed envs get here: an env with its own app matches a longer route prefix.
+            # Only packed envs get here once the farm is up: an env with its own app matches a
+            # longer route prefix, except while that app is not routable yet.
             try:
                 handle = self.handle(env)
             except EnvNotFound as exc:
                 return error_response(exc)
+            if self.routes[env][0].startswith(OWN_APP_PREFIX):
+                return error_response(FarmNotReady(
+                    f"env {env!r} is starting: not routable yet; retry", env=env,
+                    retry_after_s=1.0))
             fwd = ForwardedRequest(method=request.method, path=request.url.path,
                                    query_string=request.url.query.encode(),
                                    headers=list(request.scope["headers"]),
@@ -235,6 +271,33 @@ class Front:
 
         return app
 
+    async def health(self) -> Health:
+        """Ready when every env's app runs and answers with warm instances (cached 1 s)."""
+        now = time.monotonic()
+        if self._health is not None and now - self._health[0] < 1.0:
+            return self._health[1]
+        apps = (await asyncio.to_thread(serve.status)).applications
+        waiting = [f"app {name}: {apps[name].status if name in apps else 'not deployed'}"
+                   for name in sorted({where[0] for where in self.routes.values()})
+                   if name not in apps or apps[name].status != "RUNNING"]
+        answers: list[Any] = []
+        if not waiting:
+            try:
+                answers = await asyncio.wait_for(self.on_every_replica("replica_status"), 5)
+            except TimeoutError:
+                waiting.append("pool replicas did not answer within 5 s")
+        replicas = [ReplicaStatus.model_validate(a) for a in answers if isinstance(a, dict)]
+        warm = {p.env for r in replicas for p in r.pools}  # a replica answers once filled
+        if replicas or not waiting:
+            waiting += [f"{env}: no warm instance" for env in sorted(self.routes)
+                        if env not in warm]
+        health = Health(status="ok" if not waiting else "starting", ready=not waiting,
+                        waiting_for=waiting, owner="front", envs=sorted(self.routes),
+                        leases_active=sum(r.leases for r in replicas),
+                        free_instances=sum(p.free for r in replicas for p in r.pools))
+        self._health = (now, health)
+        return health
+
     async def on_every_replica(self, method: str) -> list[Any]:
         """Call a method on every pool replica (by index, up to each app's replica count;
         an app with fewer running gets some twice): answers, or the exceptions raised."""
@@ -243,6 +306,16 @@ class Front:
                             owner=f"{INDEX_PREFIX}{i}")
                  for where in apps for i in range(self.replicas.get(where[0], 1))]
         return await asyncio.gather(*calls, return_exceptions=True)
+
+    async def drain(self, timeout_s: float = 3.0) -> int:
+        """Drain every pool replica at once (before Serve shuts down); requests still in
+        flight at the end (a replica that did not answer counts 1)."""
+        answers = await asyncio.gather(*(
+            fresh_call(self.handle_for(where).drain, owner=f"{INDEX_PREFIX}{i}",
+                       timeout_s=timeout_s)
+            for where in dict.fromkeys(self.routes.values())
+            for i in range(self.replicas.get(where[0], 1))), return_exceptions=True)
+        return sum(a if isinstance(a, int) else 1 for a in answers)
 
     async def routes_table(self) -> dict[str, tuple[str, str]]:
         """env -> (app, deployment): how in-cluster clients find the pools."""

@@ -9,24 +9,26 @@ from ray import serve
 
 from envfarm.errors import EnvfarmError, EnvNotFound, error_from_body
 from envfarm.models import CallResult
-from envfarm.wire import BatchResult, LeaseInfo, ReleaseResponse, by_owner, owner_of
 from envfarm.serve._build import FRONT_APP
 from envfarm.serve._handles import fresh_call
+from envfarm.wire import BatchResult, LeaseInfo, ReleaseResponse, by_owner, owner_of
 
 
 class InClusterFarm:
     """Leases and calls over DeploymentHandles, owner-routed like HTTP requests."""
 
-    def __init__(self, routes: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, routes: dict[str, tuple[str, str]], api_key: str | None = None) -> None:
+        """``api_key``: the tenant's farm API key, where the farm requires one."""
         self.routes = routes
+        self.api_key = api_key
         self._handles: dict[tuple[str, str], Any] = {}
 
     @classmethod
-    async def connect(cls) -> InClusterFarm:
+    async def connect(cls, api_key: str | None = None) -> InClusterFarm:
         """Ask the running farm's front app where every env's pool lives."""
         front = serve.get_deployment_handle("front", app_name=FRONT_APP)
         routes = await fresh_call(front.routes_table)
-        return cls({env: (where[0], where[1]) for env, where in routes.items()})
+        return cls({env: (where[0], where[1]) for env, where in routes.items()}, api_key)
 
     def _handle(self, env: str) -> Any:
         where = self.routes.get(env)
@@ -37,7 +39,8 @@ class InClusterFarm:
         return self._handles[where]
 
     async def lease(self, env: str, **request: Any) -> LeaseInfo:
-        data = await fresh_call(self._handle(env).create_lease, env, request, owner=None)
+        data = await fresh_call(self._handle(env).create_lease, env, request, owner=None,
+                                api_key=self.api_key)
         return LeaseInfo.model_validate(data)
 
     async def release(self, lease: LeaseInfo) -> ReleaseResponse:

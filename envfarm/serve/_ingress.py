@@ -116,7 +116,7 @@ def pool_application(farm: dict[str, Any], options: DeploymentOptions, proxy: Pr
         return serve.deployment(PoolReplica, name="pool", **options.serve_kwargs()).bind(farm)
     pool = serve.deployment(PoolReplica, name="pool", request_router_config=LEASE_ROUTER,
                             **options.serve_kwargs()).bind(farm)
-    door = serve.deployment(Door, name="door", num_replicas=1,
+    door = serve.deployment(Door, name="door", num_replicas=options.door_replicas,
                             max_ongoing_requests=options.max_ongoing_requests * 2,
                             ray_actor_options={"num_cpus": 0},
                             logging_config=access_logging(options.access_log))

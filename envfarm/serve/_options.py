@@ -20,6 +20,11 @@ class DeploymentOptions(BaseModel):
                                       description="Concurrent requests per replica.")
     num_cpus: float = Field(default=0.0, ge=0,
                             description="CPUs reserved per replica (0: share the machine).")
+    door_replicas: int = Field(
+        default=1, ge=1, le=1000,
+        description="Replicas of the stateless Door in front of a multi-replica pool under "
+                    "HAProxy (each is one process, ~1 core of forwarding; more spread the "
+                    "load and survive a node loss).")
     access_log: bool = Field(
         default=False,
         description="Serve's access log: a line per request in the replica's log file, i.e. "

@@ -11,7 +11,7 @@ import ray
 from ray import serve
 
 from envfarm.farm import FarmConfig
-from envfarm.serve._build import AppPlan, applications, plan
+from envfarm.serve._build import FRONT_APP, AppPlan, applications, plan
 from envfarm.serve._ingress import ENV_HAPROXY, IngressMismatch, Proxy, current_proxy, use_ingress
 from envfarm.serve._options import ServeOptions
 
@@ -37,6 +37,12 @@ class RunningFarm:
         return sum(len(p.envs) * warm * p.options.num_replicas for p in self.plans)
 
     def shutdown(self) -> None:
+        """Answer the requests in flight (new ones get 503), then stop Serve (and Ray)."""
+        try:
+            front = serve.get_deployment_handle("front", app_name=FRONT_APP)
+            front.drain.remote(timeout_s=2.0).result(timeout_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - stopping anyway
+            logging.getLogger("envfarm.serve").warning("draining the farm failed: %s", exc)
         serve.shutdown()
         if self.started_ray:
             ray.shutdown()

@@ -72,6 +72,8 @@ class WorkerEnv:
         first, reply, self.template = self._spawn(probe=probe)
         self.tools = [ToolSpec.model_validate(t) for t in reply.get("tools", [])]
         self.problems = [str(p) for p in reply.get("problems", [])]
+        openapi = reply.get("openapi")
+        self.openapi = openapi if isinstance(openapi, dict) else None
         self.build_seconds = float(reply.get("build_s", 0.0))
         self.tables, self.rows = int(reply.get("tables", 0)), int(reply.get("rows", 0))
         #: Globals that tool calls change: leases would see each other through them.

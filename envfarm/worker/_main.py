@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from envfarm._tools import openapi_as_fastapi_mcp
 from envfarm.models import CallResult, ToolError
 from envfarm.worker import _frames
 
@@ -183,7 +184,11 @@ def main() -> None:
         from envfarm.check import module_state_leaks
 
         leaks = loop.run_until_complete(module_state_leaks(runtime))
-    loaded = {"ok": True, "tools": [t.model_dump() for t in runtime.tools],
+    try:
+        openapi = openapi_as_fastapi_mcp(runtime.app)  # for MCP listings as AWM renders them
+    except Exception:  # noqa: BLE001 - generated code's schema may not render
+        openapi = None
+    loaded = {"ok": True, "tools": [t.model_dump() for t in runtime.tools], "openapi": openapi,
               "problems": runtime.problems, "build_s": runtime.build_seconds,
               "tables": runtime.template.tables, "rows": runtime.template.rows,
               "module_state": leaks}

@@ -25,6 +25,8 @@ from envfarm.worker import _frames
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
 MAX_PENDING_WRITE = 64 << 20
+#: Requests whose caller went away, remembered so their late answers are not taken for forgeries.
+MAX_ABANDONED = 100_000
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 #: Workers die with the *thread* that spawned them (PR_SET_PDEATHSIG): spawn them all from one
 #: thread that lives as long as the process, whichever thread asks.
@@ -82,6 +84,7 @@ class WorkerProcess:
         self._in = None
         self._attaching: asyncio.Future | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._abandoned: dict[int, None] = {}  # ids whose caller went away, oldest first
         self._rids = itertools.count(1)
         self._closed_by_front: str | None = None
 
@@ -163,6 +166,13 @@ class WorkerProcess:
         except TimeoutError:
             self.kill(f"a request ran past its {timeout_s:g} s deadline")
             raise WorkerLost(self.lost or "killed") from None
+        except asyncio.CancelledError:
+            # The caller went away (a client hung up, Serve cancelled its request): the worker
+            # still answers, and that answer is expected, not a forgery.
+            self._abandoned[rid] = None
+            while len(self._abandoned) > MAX_ABANDONED:
+                self._abandoned.pop(next(iter(self._abandoned)))
+            raise
         finally:
             self._pending.pop(rid, None)
 
@@ -177,6 +187,9 @@ class WorkerProcess:
     def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
         rid = header.get("id")
         future = self._pending.get(rid) if isinstance(rid, int) else None
+        if future is None and rid in self._abandoned:
+            del self._abandoned[rid]  # the answer to a request whose caller went away
+            return
         if future is None:  # a reply to nothing the front asked: it cannot be trusted
             self.kill(f"answered a request it was never sent (id {rid!r})")
             return

@@ -16,6 +16,7 @@ import hashlib
 import json
 import random
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from synth.factory.candidates import is_identifier
 from synth.factory.dbvalues import DbColumns, db_source, strict_id
@@ -137,27 +138,36 @@ def sample_chains(graph: ToolGraph, columns: DbColumns, n: int, max_len: int = 4
     """
     sampler = ChainSampler(graph, columns, coverage=coverage)
     rng = random.Random(seed)
+    if not sampler.starts:
+        return []
+    return collect_chains(graph.env, lambda: sampler.walk(rng, max_len), sampler.uses, n, max_attempts)
+
+
+def collect_chains(env: str, walk: Callable[[], list[Step]], uses: Counter[str], n: int,
+                   max_attempts: int | None = None) -> list[Chain]:
+    """Up to ``n`` distinct chains of 2+ steps from ``walk()``, within an attempt budget (nothing
+    hangs); ``uses`` counts each kept chain's tools (the walks steer to rarely used ones)."""
     chains: list[Chain] = []
     seen: set[str] = set()
-    budget = max_attempts if max_attempts is not None else 20 * n + 100
-    for _ in range(budget):
-        if len(chains) >= n or not sampler.starts:
+    for _ in range(max_attempts if max_attempts is not None else 20 * n + 100):
+        if len(chains) >= n:
             break
-        steps = sampler.walk(rng, max_len)
+        steps = walk()
         if len(steps) < 2:
             continue
-        cid = chain_id(graph.env, steps)
+        cid = chain_id(env, steps)
         if cid in seen:
             continue
         seen.add(cid)
-        sampler.uses.update(s.tool for s in steps)
-        chains.append(Chain(env=graph.env, chain_id=cid, steps=steps))
+        uses.update(s.tool for s in steps)
+        chains.append(Chain(env=env, chain_id=cid, steps=steps))
     return chains
 
 
 def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]:
     """Why a chain is not executable as sampled ([] when every required parameter is bound to a
-    source that exists: an earlier step through a kept edge, a non-empty DB column, or the task)."""
+    source that exists: an earlier step through a kept edge, a non-empty DB column, or the task,
+    and every step after the first is connected: it takes from an earlier step or feeds a later one)."""
     nodes = {n.tool: n for n in graph.nodes}
     kept = {(e.src, e.field, e.dst, e.param) for e in graph.kept()}
     problems = []
@@ -177,6 +187,8 @@ def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]
                 problems.append(f"step {i} {step.tool}: {p.name} from empty column {b.table}.{b.column}")
             elif b.kind == "task" and strict_id(p.name):
                 problems.append(f"step {i} {step.tool}: surrogate key {p.name} left to the user")
-        if i and not any(b.kind == "step" for b in step.bindings.values()):
-            problems.append(f"step {i} {step.tool}: takes nothing from an earlier step")
+    fed = {b.step for s in chain.steps for b in s.bindings.values() if b.kind == "step"}
+    for i, step in enumerate(chain.steps):
+        if i and i not in fed and not any(b.kind == "step" for b in step.bindings.values()):
+            problems.append(f"step {i} {step.tool}: takes nothing from an earlier step and feeds no later one")
     return problems

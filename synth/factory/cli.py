@@ -57,12 +57,24 @@ def chains(
     n: int = typer.Option(50, "--n", min=1, help="chains per env"),
     max_len: int = typer.Option(4, "--max-len", min=2, help="longest chain (steps)"),
     seed: int = typer.Option(0, help="sampling seed (same seed, same chains)"),
+    sampler: str = typer.Option("backward", help="backward (dependencies resolved along inverse edges, "
+                                "then 1..k neighbours) | forward (the earlier walk, for comparison)"),
+    p: float = typer.Option(0.1, "--p", min=0.0, max=1.0, help="backward: chance of a producer for a "
+                            "parameter already satisfiable"),
+    k: int = typer.Option(2, "--k", min=1, help="backward: at most this many neighbours per tool"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
 ) -> None:
     """Sample executable tool chains along each env's graph into OUT/factory/ENV/chains.jsonl."""
+    from envfarm.errors import SynthesisError
     from synth.factory.run import chains_catalog, format_chains_row
 
-    rows = _usage_errors(lambda: chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed))
+    def work() -> list[dict[str, Any]]:
+        if sampler not in ("backward", "forward"):
+            raise SynthesisError(f"--sampler must be backward or forward, got {sampler!r}")
+        return chains_catalog(catalog, out, envs=env or None, n=n, max_len=max_len, seed=seed, sampler=sampler,
+                              p=p, k=k)
+
+    rows = _usage_errors(work)
     _print(rows, as_json, format_chains_row)
 
 
@@ -73,23 +85,41 @@ def queries(
     seed: int = typer.Option(0, help="seed of the concrete argument values (same seed, same episodes)"),
     limit: int = typer.Option(0, min=0, help="at most this many new chains per env (0: all chains)"),
     concurrency: int = typer.Option(4, min=1, help="chains in flight per env (LLM calls overlap)"),
+    agent_base_url: str = typer.Option("", help="endpoint of the agent that solves each written request "
+                                       "(OpenAI-compatible) [default: the LLM's]"),
+    agent_model: str = typer.Option("", help="the agent's model [default: the LLM's]"),
+    agent_api_key: str = typer.Option("", help="the agent endpoint's key [default: the LLM's]"),
+    agent_max_turns: int = typer.Option(20, min=2, help="assistant turns the agent gets per request"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
     **llm_options: Any,
 ) -> None:
-    """Execute each sampled chain, have the LLM write its request, gate it into OUT/factory/ENV/episodes.jsonl."""
+    """Execute each sampled chain, have the LLM write its request, gate it (an agent must solve the
+    written request) into OUT/factory/ENV/episodes.jsonl."""
+    from envfarm.errors import SynthesisError
     from envfarm.llm import LLMClient
     from judge import VerifierSandbox  # verifier code runs only in the judge's sandbox
     from synth.cli import llm_config
+    from synth.factory.gate import AgentEndpoint, endpoint_solver
     from synth.factory.queries import format_queries_row, queries_catalog
 
     def work() -> list[dict[str, Any]]:
         config = llm_config(out, **llm_options)
+        base_url, model = agent_base_url or config.base_url, agent_model or config.model
+        if not base_url or not model:
+            raise SynthesisError("the agent needs an endpoint: --agent-base-url/--agent-model or the LLM's")
+        solver = endpoint_solver(AgentEndpoint(base_url, model, agent_api_key or config.api_key or "EMPTY",
+                                               agent_max_turns))
 
         async def main() -> list[dict[str, Any]]:
-            async with LLMClient(config) as llm:
-                with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
-                    return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, envs=env or None,
-                                                 seed=seed, limit=limit or None, concurrency=concurrency)
+            try:
+                async with LLMClient(config) as llm:
+                    with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
+                        return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, solver=solver,
+                                                     envs=env or None, seed=seed, limit=limit or None,
+                                                     concurrency=concurrency)
+            finally:
+                if hasattr(solver, "aclose"):
+                    await solver.aclose()
 
         return asyncio.run(main())
 

@@ -1,7 +1,9 @@
 """The LLM pass over candidate edges: batches of edges in, keep/reject with a reason out.
 
-Any OpenAI-compatible endpoint through ``envfarm.llm.LLMClient``. A malformed answer is asked once
-more; answers naming unknown edges or tools are counted and ignored. An edge the LLM never ruled on
+Any OpenAI-compatible endpoint through ``envfarm.llm.LLMClient``. Obvious variants of the answer
+(a bare list, ``"keep": "true"``, an integer id, ``src`` as ``tool.field``) are coerced and counted;
+an answer that is unparseable or leaves edges without a usable ruling is asked once more with what
+was wrong; entries naming unknown edges or tools are counted and ignored. An edge the LLM never ruled on
 stays unconfirmed (not kept, ``reason`` says why). Nothing here raises for a bad answer.
 """
 
@@ -34,7 +36,8 @@ class ConfirmStats:
     batches: int = 0
     calls: int = 0
     retried: int = 0
-    malformed: int = 0           # answers that were not the JSON asked for (after the retry)
+    malformed: int = 0           # batches without one usable ruling (after the repair)
+    coerced: int = 0             # rulings read from an obvious variant ("true", 12, "tool.field")
     llm_errors: int = 0          # the endpoint failed (after the client's own retries)
     unknown_edge: int = 0        # entries naming an edge id not in the batch
     unknown_tool: int = 0        # entries whose src/dst is not the edge's tools
@@ -89,45 +92,101 @@ async def confirm_edges(llm: Any, env: str, nodes: list[Node], edges: list[Edge]
 
 async def _ask(llm: Any, env: str, nodes: dict[str, Node], batch: list[tuple[str, Edge]],
                stats: ConfirmStats) -> dict[str, tuple[bool, str]]:
+    """Rulings of one batch: one question, then one repair asking again with what was wrong
+    (unparseable, or edges left without a usable ruling); the rulings of both are merged."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": batch_prompt(nodes, batch)}]
+    rulings: dict[str, tuple[bool, str]] = {}
     for attempt in range(2):
         try:
             res = await llm.chat(messages, stage=STAGE, scenario=env, response_format={"type": "json_object"},
                                  temperature=0.0, salt=f"retry{attempt}" if attempt else None)
         except LLMError:
             stats.llm_errors += 1
-            return {}
+            return rulings
         stats.calls += 1
         stats.prompt_tokens += res.usage.prompt_tokens
         stats.completion_tokens += res.usage.completion_tokens
         stats.cost_usd += res.usage.cost_usd
         try:
-            return _rulings(res.text, dict(batch), stats)
-        except ParseError:
-            if attempt == 0:
-                stats.retried += 1
-    stats.malformed += 1
-    return {}
+            found, problems = _rulings(res.text, dict(batch), stats)
+        except ParseError as exc:
+            found, problems = {}, [str(exc)]
+        rulings = {**found, **rulings}  # a ruling already made stands
+        missing = [eid for eid, _ in batch if eid not in rulings]
+        if not missing:
+            return rulings
+        if attempt == 0:
+            stats.retried += 1
+            problems.append(f"no usable ruling for {', '.join(missing)}")
+            messages += [{"role": "assistant", "content": res.text[:4000]},
+                         {"role": "user", "content": "Your answer could not be used: " + "; ".join(problems)[:1500]
+                          + '. Answer again with one JSON object {"edges": [...]}, one entry per edge id, '
+                          '"keep" true or false.'}]
+    if not rulings:
+        stats.malformed += 1  # two answers and not one usable ruling: counted, never silently 0 edges
+    return rulings
 
 
-def _rulings(text: str, batch: dict[str, Edge], stats: ConfirmStats) -> dict[str, tuple[bool, str]]:
-    entries = extract_json(text).get("edges")
-    if not isinstance(entries, list) or not all(isinstance(x, dict) for x in entries):
+_TRUE, _FALSE = {"true", "yes", "keep", "1", "y"}, {"false", "no", "reject", "0", "n"}
+
+
+def _coerce_keep(value: Any) -> bool | None:
+    """``true`` and its obvious variants ("true", "yes", 1); None when it is no ruling."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    return None
+
+
+def _entries(text: str) -> list[Any]:
+    """The list of rulings: ``{"edges": [...]}``, or a bare list (fenced or not)."""
+    try:
+        value: Any = extract_json(text)
+    except ParseError:
+        body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError:
+            raise ParseError("no JSON object or list found") from None
+    if isinstance(value, dict):
+        value = value.get("edges", next((v for v in value.values() if isinstance(v, list)), None))
+    if not isinstance(value, list):
         raise ParseError('"edges" must be a list of objects')
+    return value
+
+
+def _rulings(text: str, batch: dict[str, Edge], stats: ConfirmStats) -> tuple[dict[str, tuple[bool, str]], list[str]]:
+    """(edge id -> (keep, reason), what could not be used). Obvious variants are coerced and
+    counted: an integer id, ``"keep": "true"``, ``src`` written as ``tool.field``."""
     out: dict[str, tuple[bool, str]] = {}
-    for entry in entries:
-        edge = batch.get(str(entry.get("id")))
+    problems: list[str] = []
+    for entry in _entries(text):
+        if not isinstance(entry, dict):
+            problems.append(f"entry {json.dumps(entry)[:40]} is not an object")
+            continue
+        raw_id = entry.get("id")
+        eid = f"e{raw_id}" if isinstance(raw_id, int) or (isinstance(raw_id, str) and raw_id.isdigit()) else str(raw_id)
+        edge = batch.get(eid)
         if edge is None:
             stats.unknown_edge += 1
+            problems.append(f"unknown edge id {raw_id!r}")
             continue
-        if entry.get("src") not in (None, edge.src) or entry.get("dst") not in (None, edge.dst):
+        src, dst = (str(v).split(".", 1)[0] if v is not None else None for v in (entry.get("src"), entry.get("dst")))
+        if src not in (None, edge.src) or dst not in (None, edge.dst):
             stats.unknown_tool += 1  # a tool the env lacks, or not this edge's: the entry is not trusted
+            problems.append(f"{eid} names {src} -> {dst}, not {edge.src} -> {edge.dst}")
             continue
-        keep = entry.get("keep")
-        if not isinstance(keep, bool):
-            continue  # no ruling: the edge stays unconfirmed
-        out[str(entry["id"])] = (keep, str(entry.get("reason") or "")[:300])
-    return out
+        keep = _coerce_keep(entry.get("keep"))
+        if keep is None:
+            problems.append(f"{eid}: keep must be true or false, got {entry.get('keep')!r}")
+            continue
+        stats.coerced += (eid != raw_id or keep is not entry.get("keep") or src != entry.get("src")
+                          or dst != entry.get("dst"))
+        out[eid] = (keep, str(entry.get("reason") or "")[:300])
+    return out, problems
 
 
 def replay_answer(batch_prompt_text: str, judge: Any) -> str:

@@ -4,7 +4,8 @@ Values are deterministic under a seed: a ``db`` binding picks one of the column'
 ``step`` binding one of the values the earlier call returned at that field, a ``task`` binding a
 value of a same-named column of the initial database (what a user would say: a name, a city),
 else the schema's example. A chain is kept only when every call succeeds and it did something:
-the final database differs from the initial one, or the last call returned data.
+the final database differs from the initial one, or the last call returned data, and no step
+meant to write (not a GET) left the database as it was.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ DROP_UNKNOWN_TOOL = "unknown_tool"
 DROP_NO_VALUE = "no_value"          # a binding had no concrete value (empty column or field)
 DROP_CALL_FAILED = "call_failed"
 DROP_NO_EFFECT = "no_effect"        # nothing changed and the last call returned nothing
+DROP_IDLE_WRITE = "idle_write"      # a step meant to change something changed nothing
 
 
 @dataclass
@@ -72,14 +74,16 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
                 if not options:
                     out.drop, out.detail = DROP_NO_VALUE, f"step {i} {step.tool}: no value for {name}"
                     return out
-                args[name] = rng.choice(options)
+                args[name] = fit_schema(rng.choice(options), tool.input_schema.get("properties", {}).get(name))
                 if b.kind == "task":
                     out.stated[name] = args[name]
             if optional:
+                props = tool.input_schema.get("properties", {})
                 for name, value in _optional_values(tool.input_schema, args, columns, data, rng).items():
-                    args[name] = out.stated[name] = value
+                    args[name] = out.stated[name] = fit_schema(value, props.get(name))
+            before = inst.snapshot()
             res = await inst.call(step.tool, args)
-            out.calls.append(Call(tool=step.tool, arguments=args, ok=res.ok,
+            out.calls.append(Call(tool=step.tool, arguments=args, ok=res.ok, changed=inst.snapshot() != before,
                                   result=res.result if res.ok else res.error.model_dump()))
             if not res.ok:
                 out.drop = DROP_CALL_FAILED
@@ -91,7 +95,46 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
     out.changed = out.final != data
     if not out.changed and not has_data(out.calls[-1].result):
         out.drop, out.detail = DROP_NO_EFFECT, "the database is unchanged and the last call returned nothing"
+    idle = [f"step {i} {c.tool}" for i, c in enumerate(out.calls)
+            if not c.changed and writes(runtime, c.tool)]
+    if idle and not out.drop:
+        # "unlike" on a video not liked: the request asks for a change a no-op already has
+        out.drop, out.detail = DROP_IDLE_WRITE, f"{', '.join(idle)} changed nothing"
     return out
+
+
+def writes(runtime: EnvRuntime, tool: str) -> bool:
+    """The tool's HTTP method asks for a change (anything but GET/HEAD)."""
+    op = runtime.operations.get(tool)
+    return op is not None and op.method.upper() not in ("GET", "HEAD")
+
+
+def _types(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return set()
+    found = {schema["type"]} if isinstance(schema.get("type"), str) else set(schema.get("type") or [])
+    for alt in schema.get("anyOf", []) + schema.get("oneOf", []):
+        found |= _types(alt)
+    return found
+
+
+def fit_schema(value: Any, schema: Any) -> Any:
+    """A database value as the parameter's JSON type: SQLite keeps booleans as 0/1 and numbers in
+    text columns, which the env's FastAPI coerces but an agent held to the schema may not send."""
+    types = _types(schema)
+    if not types or isinstance(value, bool):
+        return value
+    if "boolean" in types and not types & {"integer", "number", "string"} and str(value).lower() in (
+            "0", "1", "true", "false"):
+        return str(value).lower() in ("1", "true")
+    if isinstance(value, str) and not types & {"string"}:
+        try:
+            return int(value) if "integer" in types else float(value) if "number" in types else value
+        except ValueError:
+            return value
+    if isinstance(value, (int, float)) and not types & {"integer", "number"} and "string" in types:
+        return str(value)
+    return value
 
 
 def _optional_values(schema: dict[str, Any], args: dict[str, Any], columns: DbColumns, data: bytes,

@@ -7,8 +7,10 @@ its reference solution with the final answer (``gen_solutions.jsonl``); ``factor
 maps each new task index to its chain. ``envfarm serve --catalog`` serves the folder as it is.
 
 (b) ``<out>/factory_sft/<format>.jsonl``, one conversation per accepted episode: ``openai``
-(``messages`` with ``tool_calls`` + ``tools``) always, and every format registered in
-``SFT_FORMATS`` (the trainer registers its Qwen3 text format: synth cannot import the trainer).
+(OpenAI's chat fine-tuning format: ``messages`` with ``tool_calls``, ``tools`` as an array of
+functions) always, and every format registered in ``SFT_FORMATS`` (the trainer registers its Qwen3
+text format: synth cannot import the trainer). Exporting some envs replaces their records and
+keeps every other env's, so a second export of the same episodes writes the same files.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from envfarm.models import ToolSpec
 from synth._jsonl import read_jsonl
 from synth._probe import load_runtime
 from synth.factory.graph import factory_dir
-from synth.factory.model import Episode
+from synth.factory.model import Episode, task_text
 from synth.factory.queries import EPISODES_FILE, valid_records
 from synth.factory.run import catalog_envs
+from synth.factory.verifier import key_value
 
 CATALOG_DIR = "factory_catalog"
 SFT_DIR = "factory_sft"
@@ -36,44 +39,54 @@ SftFormat = Callable[[Episode, str, list[ToolSpec]], dict[str, Any]]
 SFT_FORMATS: dict[str, SftFormat] = {}
 
 
-def task_text(episode: Episode) -> str:
-    """The farm task of a (maybe multi-turn) request: the first message, then the follow-ups."""
-    return "\n\n".join(episode.messages)
-
-
 def turns(episode: Episode) -> list[tuple[str, list[int]]]:
-    """Each user message with the calls that answer it: the calls are shared out in order, the
-    first message getting the first share (a follow-up asks for what comes next)."""
+    """Each user message with the calls that answer it, as QueryGen planned them; an episode
+    without a plan (older files) shares the calls out in order, the first message first."""
     n, k = len(episode.calls), max(1, len(episode.messages))
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    return [(msg, list(range(bounds[i], bounds[i + 1]))) for i, msg in enumerate(episode.messages)]
+    sizes = episode.turn_calls
+    if len(sizes) != len(episode.messages) or sum(sizes) != n:
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        sizes = [bounds[i + 1] - bounds[i] for i in range(k)]
+    out, start = [], 0
+    for msg, size in zip(episode.messages, sizes, strict=True):
+        out.append((msg, list(range(start, start + size))))
+        start += size
+    return out
+
+
+def turn_reply(episode: Episode, idx: list[int]) -> str:
+    """What the assistant says when a turn's calls are done: the episode's answer after the last
+    turn; after an earlier one, the value its last call returned that a user asked about, or "Done"."""
+    if not idx or idx[-1] == len(episode.calls) - 1:
+        return episode.final_answer or "Done."
+    call = episode.calls[idx[-1]]
+    found = None if call.changed else key_value(call.result)
+    if found is None:
+        return "Done."
+    return f"Done. The {found[0].rsplit('.', 1)[-1].strip('[]').replace('_', ' ')} is {found[1]}."
+
+
+def openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """The env's tools in OpenAI's ``tools`` shape."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description or t.name,
+                                              "parameters": t.input_schema}} for t in tools]
 
 
 def openai_record(episode: Episode, task: str, tools: list[ToolSpec]) -> dict[str, Any]:
-    """OpenAI chat format: ``messages`` with assistant ``tool_calls`` and ``tool`` answers, plus ``tools``."""
+    """OpenAI chat format, drop-in for fine-tuning: ``messages`` (each with only the keys its role
+    has) with assistant ``tool_calls`` answered by ``tool`` messages, one user message per
+    planned turn, and ``tools`` as OpenAI's array of functions."""
     messages: list[dict[str, Any]] = []
-
-    def say(role: str, content: str, tool_calls: Any = None, tool_call_id: Any = None) -> None:
-        # every message has every key: datasets reads a list of structs with one schema
-        messages.append({"role": role, "content": content, "tool_calls": tool_calls, "tool_call_id": tool_call_id})
-
     for msg, idx in turns(episode):
-        say("user", msg)
+        messages.append({"role": "user", "content": msg})
         for i in idx:
             call, cid = episode.calls[i], f"call_{i}"
-            say("assistant", "", [{"id": cid, "type": "function",
-                                   "function": {"name": call.tool, "arguments": json.dumps(call.arguments)}}])
-            say("tool", json.dumps(call.result, default=str), tool_call_id=cid)
-        if idx and idx[-1] != len(episode.calls) - 1:
-            say("assistant", "Done. What next?")
-    say("assistant", episode.final_answer or "Done.")
-    used = {c.tool for c in episode.calls}
-    return {"env": episode.env, "chain_id": episode.chain_id, "messages": messages,
-            # the whole tool list as a JSON string: tools of different envs differ in shape,
-            # which a datasets column of structs cannot hold
-            "tools": json.dumps([{"type": "function", "function": {
-                "name": t.name, "description": t.description, "parameters": t.input_schema}}
-                for t in tools if t.name in used or len(tools) <= 64])}
+            messages.append({"role": "assistant", "tool_calls": [{
+                "id": cid, "type": "function",
+                "function": {"name": call.tool, "arguments": json.dumps(call.arguments)}}]})
+            messages.append({"role": "tool", "tool_call_id": cid, "content": json.dumps(call.result, default=str)})
+        messages.append({"role": "assistant", "content": turn_reply(episode, idx)})
+    return {"env": episode.env, "chain_id": episode.chain_id, "messages": messages, "tools": openai_tools(tools)}
 
 
 def _env_records(root: Path, env: str) -> dict[str, list[str]]:
@@ -121,7 +134,9 @@ def export_env(catalog: Any, name: str, out: Path, episodes: list[Episode]) -> d
             "solution": [{"tool": c.tool, "arguments": c.arguments} for c in e.calls]}))
     for file_name, lines in records.items():
         _write(folder / file_name, lines)
-    _write(folder / MAP_FILE, [json.dumps({"task_idx": first + i, "chain_id": e.chain_id, "messages": e.messages})
+    # the farm's task is one text; the multi-turn user (each message and the calls it asks for) is here
+    _write(folder / MAP_FILE, [json.dumps({"task_idx": first + i, "chain_id": e.chain_id, "messages": e.messages,
+                                           "turn_calls": [len(idx) for _, idx in turns(e)]})
                                for i, e in enumerate(episodes)])
     return {"folder": str(folder), "first_task": first, "tasks": len(episodes)}
 
@@ -131,7 +146,7 @@ def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
     """Export every env's accepted episodes; one summary row per env."""
     catalog, names = catalog_envs(catalog_path, envs)
     formats: dict[str, SftFormat] = {"openai": openai_record, **SFT_FORMATS}
-    sft: dict[str, list[str]] = {f: [] for f in formats}
+    sft: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     rows = []
     for name in names:
         episodes, _ = valid_records(read_jsonl(factory_dir(out, name) / EPISODES_FILE), Episode)
@@ -145,13 +160,25 @@ def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
             continue
         row = {"env": name, **export_env(catalog, name, out, accepted)}
         for fmt, make in formats.items():
-            sft[fmt] += [json.dumps(make(e, task_text(e), runtime.tools), default=str) for e in accepted]
+            sft[fmt] += [json.loads(json.dumps(make(e, task_text(e), runtime.tools), default=str)) for e in accepted]
         rows.append(row)
-    if any(sft.values()):
+    done = {r["env"] for r in rows if "error" not in r}
+    if done:
         (Path(out) / SFT_DIR).mkdir(parents=True, exist_ok=True)
-        for fmt, lines in sft.items():
-            _write(Path(out) / SFT_DIR / f"{fmt}.jsonl", lines)
+        for fmt, records in sft.items():
+            path = Path(out) / SFT_DIR / f"{fmt}.jsonl"
+            _write(path, [json.dumps(r) for r in merge_env_records(read_jsonl(path), records, done)])
     return rows
+
+
+def merge_env_records(old: list[dict[str, Any]], new: list[dict[str, Any]], envs: set[str]) -> list[dict[str, Any]]:
+    """An SFT file's records after exporting ``envs`` again: theirs replaced by ``new``, every other
+    env's kept; grouped by env in name order, so exporting twice writes the same file."""
+    kept = [r for r in old if r.get("env") not in envs]
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for r in kept + new:
+        by_env.setdefault(str(r.get("env")), []).append(r)
+    return [r for env in sorted(by_env) for r in by_env[env]]
 
 
 def format_export_row(row: dict[str, Any]) -> str:

@@ -95,6 +95,8 @@ class Call(BaseModel):
     arguments: dict[str, Any]
     result: Any = None
     ok: bool = True
+    #: the call changed the database (None: not recorded, older files)
+    changed: bool | None = None
 
 
 class Episode(BaseModel):
@@ -102,6 +104,10 @@ class Episode(BaseModel):
     chain_id: str
     calls: list[Call]              # the executed ground-truth trajectory
     messages: list[str]            # the user's first message, then follow-ups (implicit intent)
+    #: calls each message asks for, in order, as QueryGen planned them ([] in older files)
+    turn_calls: list[int] = Field(default_factory=list)
+    #: QueryGen's stages: profile, scenario, per turn subgoals, goal and message ({} in older files)
+    query: dict[str, Any] = Field(default_factory=dict)
     verifier_code: str             # AWM code mode: verify_task_completion(initial, final, final_answer=None)
     final_answer: str | None = None
     accepted: bool = False
@@ -109,3 +115,8 @@ class Episode(BaseModel):
     detail: str = ""               # the failing call, gate problem or leak behind ``reason``
     #: LLM usage of writing this episode's request (prompt_tokens, completion_tokens, cost_usd)
     usage: dict[str, float] = Field(default_factory=dict)
+
+
+def task_text(episode: Episode) -> str:
+    """The farm task of a (maybe multi-turn) request: the first message, then the follow-ups."""
+    return "\n\n".join(episode.messages)

@@ -2,9 +2,11 @@
 
 One record per chain in ``<out>/factory/<env>/episodes.jsonl`` (accepted or with the reason it was
 dropped), appended and fsync'd as soon as it is decided, keyed by ``chain_id``: a killed run
-resumes where it stopped and never writes a chain twice. The acceptance gate is synth's
-(``envfarm.check.check_solution``): the recorded calls replayed on a fresh instance pass the
-verifier in the judge's sandbox, and a no-op does not.
+resumes where it stopped and never writes a chain twice. The acceptance gate has two parts:
+synth's replay check (``envfarm.check.check_solution``: the recorded calls replayed on a fresh
+instance pass the verifier in the judge's sandbox, and a no-op does not), then the solving gate
+(``synth.factory.gate``: an agent given only the written request passes the verifier through a
+farm, and a no-op with a plausible wrong answer does not).
 """
 
 from __future__ import annotations
@@ -20,16 +22,24 @@ from envfarm.models import ToolCall
 from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
-from synth.factory.dbvalues import db_columns
+from synth.factory.dbvalues import column_values, db_columns, db_source, strict_id
 from synth.factory.execute import (
     DROP_CALL_FAILED,
+    DROP_IDLE_WRITE,
     DROP_NO_VALUE,
     Executed,
     diff_rows,
     execute_chain,
 )
+from synth.factory.gate import (
+    DROP_SOLVER_ERROR,
+    Candidate,
+    Solver,
+    code_judge,
+    gate_batch,
+)
 from synth.factory.graph import factory_dir
-from synth.factory.model import Chain, Episode
+from synth.factory.model import Chain, Episode, task_text
 from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, catalog_envs
 from synth.factory.verifier import (
@@ -38,6 +48,7 @@ from synth.factory.verifier import (
     key_value,
     verifier_code,
     volatile_columns,
+    wrong_answers,
 )
 
 EPISODES_FILE = "episodes.jsonl"
@@ -53,9 +64,10 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
                    verifier_code=kw.pop("verifier_code", ""), reason=reason, detail=detail, **kw)
 
 
-async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                       seed: int = 0, tries: int = 5) -> Episode:
-    """One chain through execution, QueryGen and the gate; a rejected episode says why.
+async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
+                         seed: int = 0, tries: int = 5) -> tuple[Episode, Candidate | None]:
+    """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
+    why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
     all): a cancelled reservation cannot be cancelled, another one can; then twice more with
@@ -64,10 +76,10 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
     draws = [(attempt, False) for attempt in range(tries)] + [(tries + a, True) for a in range(2)]
     for attempt, optional in draws:
         ex = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
-        if ex.drop not in (DROP_CALL_FAILED, DROP_NO_VALUE):
+        if ex.drop not in (DROP_CALL_FAILED, DROP_NO_VALUE, DROP_IDLE_WRITE):
             break
     if ex.drop:
-        return _episode(ex, ex.drop, ex.detail)
+        return _episode(ex, ex.drop, ex.detail), None
     answer = None
     if ex.changed:
         again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
@@ -78,24 +90,59 @@ async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any
     else:
         answer = key_value(ex.calls[-1].result)
         if answer is None:
-            return _episode(ex, DROP_NO_KEY_VALUE, "the last call returned no value a user would ask for")
+            return _episode(ex, DROP_NO_KEY_VALUE, "the last call returned no value a user would ask for"), None
         expected = {"tables": {}, "answer": answer[1]}
     if not checks_something(expected):
-        return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs")
+        return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs"), None
     code = verifier_code(expected)
     final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
     stats = QueryStats()
-    messages, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
+    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
-    if messages is None:
-        return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer)
+    if plan is None:
+        return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None
     calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
     check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer)
-    episode = _episode(ex, usage=usage, messages=messages, verifier_code=code, final_answer=final_answer)
-    if check.solvable:
-        episode.accepted = True
-    else:
+    episode = _episode(ex, usage=usage, messages=[t.message for t in plan.turns], turn_calls=turn_calls,
+                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer)
+    if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
+        return episode, None
+    return episode, Candidate(task=task_text(episode), verifier_code=code,
+                              wrong_answers=_wrong_answers(runtime, ex, answer, columns))
+
+
+def _wrong_answers(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any] | None, columns: Any) -> list[str]:
+    leaf = answer[0].rsplit(".", 1)[-1].strip("[]") if answer else ""
+    where = db_source(leaf, columns) if leaf else None
+    db_values = column_values(runtime.template.data, *where) if where else []
+    stated = [v for c in ex.calls for k, v in c.arguments.items() if not strict_id(k)]
+    return wrong_answers(answer, ex.calls[-1].result, db_values, stated)
+
+
+async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, llm: Any, sandbox: Any,
+                        solver: Solver, *, seed: int = 0, concurrency: int = 4) -> list[Episode]:
+    """Episodes of ``chains``: candidates made ``concurrency`` at a time, then gated together on
+    one farm (an agent solves each written request; see ``synth.factory.gate``)."""
+    limit = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(chain: Chain) -> tuple[Episode, Candidate | None]:
+        async with limit:
+            return await make_candidate(runtime, chain, columns, llm, sandbox, seed)
+
+    made = await asyncio.gather(*(one(c) for c in chains))
+    waiting = [(e, c) for e, c in made if c is not None]
+    results = await gate_batch(runtime.bundle, [c for _, c in waiting], solver, code_judge(sandbox),
+                               concurrency=concurrency)
+    for (episode, _), result in zip(waiting, results, strict=True):
+        episode.accepted, episode.reason, episode.detail = result.accepted, result.reason, result.detail
+    return [e for e, _ in made]
+
+
+async def make_episode(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
+                       solver: Solver, seed: int = 0) -> Episode:
+    """One chain all the way through the gate."""
+    (episode,) = await make_episodes(runtime, [chain], columns, llm, sandbox, solver, seed=seed)
     return episode
 
 
@@ -112,24 +159,22 @@ def valid_records(records: list[dict[str, Any]], model: type[M]) -> tuple[list[M
 
 
 async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, store: JsonlStore, *, llm: Any,
-                      sandbox: Any, seed: int, concurrency: int) -> tuple[int, int]:
-    """(episodes stored, chains left for a re-run because the LLM endpoint failed)."""
-    gate = asyncio.Semaphore(max(1, concurrency))
-    results = []
-
-    async def one(chain: Chain) -> None:
-        async with gate:
-            episode = await make_episode(runtime, chain, columns, llm, sandbox, seed)
-        if episode.reason == LLM_ERROR:  # not stored, so a re-run tries again
-            results.append(None)
-        else:
-            results.append(store.append_once(episode.model_dump(mode="json")))
-
-    await asyncio.gather(*(one(c) for c in chains))
-    return sum(bool(r) for r in results), results.count(None)
+                      sandbox: Any, solver: Solver, seed: int, concurrency: int,
+                      batch: int = 16) -> tuple[int, int]:
+    """(episodes stored, chains left for a re-run because the LLM or agent endpoint failed); each batch's
+    episodes are stored as soon as the gate decided them."""
+    added = retry_later = 0
+    for start in range(0, len(chains), batch):
+        for episode in await make_episodes(runtime, chains[start:start + batch], columns, llm, sandbox, solver,
+                                           seed=seed, concurrency=concurrency):
+            if episode.reason in (LLM_ERROR, DROP_SOLVER_ERROR):  # an endpoint failed: not stored, a re-run tries again
+                retry_later += 1
+            else:
+                added += store.append_once(episode.model_dump(mode="json"))
+    return added, retry_later
 
 
-async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any,
+async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any, solver: Solver,
                           envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
                           concurrency: int = 4, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Episodes for every chain of every env not done yet (``concurrency`` chains at a time, each
@@ -150,7 +195,8 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
         store = JsonlStore(folder / EPISODES_FILE, lambda r: r["chain_id"])
         todo = [c for c in chains if c.chain_id not in store]  # the rest was done by an earlier run
         added, retry_later = await _run_chains(runtime, todo[:limit] if limit is not None else todo, columns,
-                                               store, llm=llm, sandbox=sandbox, seed=seed, concurrency=concurrency)
+                                               store, llm=llm, sandbox=sandbox, solver=solver, seed=seed,
+                                               concurrency=concurrency)
         episodes = list(store)
         rows.append({"env": name, "chains": len(chains), "bad_chain_records": bad, "new": added, "episodes": len(episodes),
                      "accepted": sum(bool(e.get("accepted")) for e in episodes), "llm_errors": retry_later})
@@ -163,5 +209,5 @@ def format_queries_row(row: dict[str, Any]) -> str:
     if row.get("bad_chain_records"):
         text += f"; {row['bad_chain_records']} malformed chain records skipped"
     if row.get("llm_errors"):
-        text += f"; {row['llm_errors']} chains left for a re-run (the LLM endpoint failed)"
+        text += f"; {row['llm_errors']} chains left for a re-run (the LLM or agent endpoint failed)"
     return text

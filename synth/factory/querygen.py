@@ -1,13 +1,18 @@
 """QueryGen: the LLM writes the user's request for an executed chain (implicit intent).
 
-The request may be multi-turn (a first message, then follow-ups). An answer that is not the JSON
-asked for is asked once more; an answer that names a tool, or states a raw internal id the user
+The calls are planned into 1-3 user turns of 1-5 calls each. One LLM call writes EnvFactory's
+stages, each checked: a user profile and a scenario, then per turn its subgoals (one per call), the
+goal articulated explicitly, and the message calibrated to sound like a person (implicit reference,
+no tool names, no ids); the messages are the request (a first message, then follow-ups). An answer
+that does not fit is asked once more with what was wrong; obvious variants (``{role, content}``
+messages, a single subgoal as a string, turns as an object) are read as meant; an answer that names a tool, or states a raw internal id the user
 would not know, is rejected. Every outcome is counted; nothing here raises for a bad answer.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
@@ -25,21 +30,82 @@ STAGE = "queries"
 LLM_ERROR = "llm_error"
 
 SYSTEM = """You write what a real user of an app types to an assistant that uses the app's API. \
-You get the API calls the assistant must make (already run, with their results) and write the user's \
-request that needs exactly those calls. Implicit intent: say what the user wants, in their own words, \
-never a tool or endpoint name and never an internal id number the user cannot know (say "my latest \
-loan", "the Dune book", not "loan 17"); values the user knows (names, dates, amounts) may be stated. \
-You may split the request into a first message and up to two short follow-ups.
-Answer with one JSON object: {"messages": ["<first message>", "<follow-up>", ...]}"""
+You get the API calls the assistant must make (already run, with their results), split into turns. \
+Work in stages and write each one down:
+1. profile: who this user is, in one sentence;
+2. scenario: the situation that makes them ask, in one sentence;
+then for each turn, in order:
+3. subgoals: what each call of the turn achieves for the user, one short phrase per call, in order;
+4. goal: the turn's goal as one explicit sentence;
+5. message: that goal as this user would type it, calibrated to sound like a person: refer to \
+things implicitly where the user or the conversation makes them clear ("my latest booking", "that \
+hotel", "the one I just made"), keep values the user knows (names, dates, amounts), never a tool or \
+endpoint name and never an internal id number the user cannot know (say "the Dune book", not "book \
+17"). A later message may build on what the assistant answered.
+Answer with one JSON object: {"profile": "...", "scenario": "...", "turns": [{"subgoals": ["..."], \
+"goal": "...", "message": "..."}]} with exactly one entry per turn."""
+
+#: most tools one user turn asks for (the paper's turns of 1-5 tool calls)
+MAX_TURN_CALLS = 5
 
 
-def _texts(value: Any) -> Any:
+def plan_turns(n_calls: int, seed: str) -> list[int]:
+    """Calls per user turn: 1..3 turns (never more than calls), each of 1..``MAX_TURN_CALLS`` calls,
+    deterministic under ``seed``."""
+    rng = random.Random(seed)
+    least = -(-n_calls // MAX_TURN_CALLS)
+    k = rng.randint(least, max(least, min(3, n_calls)))
+    cuts = sorted(rng.sample(range(1, n_calls), k - 1)) if k > 1 else []
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, n_calls], strict=True)]
+    if max(sizes) > MAX_TURN_CALLS:  # an unlucky cut: share out evenly instead
+        sizes = [n_calls // k + (i < n_calls % k) for i in range(k)]
+    return sizes
+
+
+def _message_text(value: Any) -> Any:
+    """A message as text: a string, or the content of a ``{role, content}`` object."""
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return value
+
+
+def _listed(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-class QueryAnswer(_Answer):
-    messages: Annotated[list[Annotated[str, Field(min_length=3)]], BeforeValidator(_texts)] = Field(
-        min_length=1, max_length=4)
+def _turn_list(value: Any) -> Any:
+    """Turns as a list (a ``{"turn 1": {...}}`` object is read in its order)."""
+    return list(value.values()) if isinstance(value, dict) else value
+
+
+Phrase = Annotated[str, Field(min_length=3)]
+
+
+class QueryTurn(_Answer):
+    subgoals: Annotated[list[Phrase], BeforeValidator(_listed)] = Field(min_length=1)
+    goal: Phrase
+    message: Annotated[Phrase, BeforeValidator(_message_text)]
+
+
+class QueryPlan(_Answer):
+    """QueryGen's stages: who asks and why, then per turn its subgoals, goal and message."""
+
+    profile: Phrase
+    scenario: Phrase
+    turns: Annotated[list[QueryTurn], BeforeValidator(_turn_list)] = Field(min_length=1, max_length=8)
+
+
+def parse_query(text: str, turns: list[int]) -> QueryPlan:
+    """QueryGen's answer with every stage checked against the planned ``turns`` (calls per turn):
+    one entry per turn, one subgoal per call; ParseError saying what is wrong otherwise."""
+    plan = parse_answer(text, QueryPlan)
+    if len(plan.turns) != len(turns):
+        raise ParseError(f"{len(plan.turns)} turns for {len(turns)} planned: write exactly one entry per turn")
+    for i, (turn, calls) in enumerate(zip(plan.turns, turns, strict=True)):
+        if len(turn.subgoals) != calls:
+            raise ParseError(f"turn {i + 1} has {len(turn.subgoals)} subgoals for its {calls} calls: one per call")
+        turn.message = turn.message.strip()
+    return plan
 
 
 @dataclass
@@ -64,11 +130,17 @@ class QueryStats:
             setattr(self, k, getattr(self, k) + v)
 
 
-def query_prompt(env: str, ex: Executed, answer: tuple[str, Any] | None) -> str:
+def query_prompt(env: str, ex: Executed, answer: tuple[str, Any] | None, turns: list[int]) -> str:
     lines = [f"App: {env}", "", "Calls the assistant makes, in order:"]
     for i, call in enumerate(ex.calls):
         result = json.dumps(call.result, default=str)
         lines.append(f"{i + 1}. {call.tool}({json.dumps(call.arguments, default=str)}) -> {result[:600]}")
+    start, parts = 1, []
+    for t, size in enumerate(turns):
+        span = f"call {start}" if size == 1 else f"calls {start}-{start + size - 1}"
+        parts.append(f"turn {t + 1}: {span}")
+        start += size
+    lines += ["", f"Turns ({len(turns)} message{'s' if len(turns) > 1 else ''}): " + "; ".join(parts)]
     if ex.stated:
         lines += ["", "Values the user states: " + json.dumps(ex.stated, default=str)]
     if answer is not None:
@@ -98,30 +170,35 @@ def leak(messages: list[str], tools: list[str], ids: set[str]) -> str | None:
 
 
 async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
-                      stats: QueryStats) -> tuple[list[str] | None, str]:
-    """``(messages, "")`` or ``(None, why)`` with why in malformed | llm_error | names_tool | names_id."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": query_prompt(env, ex, answer)}]
+                      stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
+    """``(plan, turn_calls, "")`` or ``(None, turn_calls, why)`` with why in malformed | llm_error |
+    names_tool | names_id. An answer that does not fit is asked again once, with what was wrong."""
+    turns = plan_turns(len(ex.calls), ex.chain.chain_id)
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": query_prompt(env, ex, answer, turns)}]
     for attempt in range(2):
         try:
             res = await llm.chat(messages, stage=STAGE, scenario=env, response_format={"type": "json_object"},
                                  salt=f"retry{attempt}" if attempt else None)
         except LLMError:
             stats.llm_errors += 1
-            return None, LLM_ERROR
+            return None, turns, LLM_ERROR
         stats.calls += 1
         stats.prompt_tokens += res.usage.prompt_tokens
         stats.completion_tokens += res.usage.completion_tokens
         stats.cost_usd += res.usage.cost_usd
         try:
-            written = [m.strip() for m in parse_answer(res.text, QueryAnswer).messages]
-        except ParseError:
+            plan = parse_query(res.text, turns)
+        except ParseError as exc:
             if attempt == 0:
                 stats.retried += 1
+                messages += [{"role": "assistant", "content": res.text[:4000]},
+                             {"role": "user", "content": f"Your answer could not be used: {exc}. Answer again."}]
             continue
-        why = leak(written, tools, hidden_ids(ex))
+        why = leak([t.message for t in plan.turns], tools, hidden_ids(ex))
         if why:
             setattr(stats, why, getattr(stats, why) + 1)
-            return None, why
-        return written, ""
+            return None, turns, why
+        return plan, turns, ""
     stats.malformed += 1
-    return None, "malformed"
+    return None, turns, "malformed"

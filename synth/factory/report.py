@@ -11,6 +11,7 @@ from typing import Any
 from synth._jsonl import read_jsonl
 from synth.factory.execute import (
     DROP_CALL_FAILED,
+    DROP_IDLE_WRITE,
     DROP_NO_EFFECT,
     DROP_NO_VALUE,
     DROP_UNKNOWN_TOOL,
@@ -20,7 +21,7 @@ from synth.factory.queries import EPISODES_FILE
 from synth.factory.run import CHAINS_FILE
 
 #: Reasons a chain did not execute as required (the rest executed and failed later).
-NOT_EXECUTABLE = (DROP_UNKNOWN_TOOL, DROP_NO_VALUE, DROP_CALL_FAILED, DROP_NO_EFFECT)
+NOT_EXECUTABLE = (DROP_UNKNOWN_TOOL, DROP_NO_VALUE, DROP_CALL_FAILED, DROP_NO_EFFECT, DROP_IDLE_WRITE)
 
 
 def _graph_stats(folder: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from synth.factory.candidates import DEFAULT_THRESHOLD
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.graph import build_graph, factory_dir, load_graph, save_graph
+from synth.factory.sampling import DEFAULT_K, DEFAULT_P, sample_backward
 
 CHAINS_FILE = "chains.jsonl"
 
@@ -41,7 +42,8 @@ async def graph_catalog(catalog_path: Path | None, out: Path, *, envs: list[str]
 
 
 def chains_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | None = None, n: int = 50,
-                   max_len: int = 4, seed: int = 0, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+                   max_len: int = 4, seed: int = 0, sampler: str = "backward", p: float = DEFAULT_P,
+                   k: int = DEFAULT_K, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Sample ``n`` chains per env into ``<out>/factory/<env>/chains.jsonl``; chains already there
     (same ``chain_id``) are not written again, so a killed or repeated run adds only what is missing."""
     catalog, names = catalog_envs(catalog_path, envs)
@@ -57,7 +59,10 @@ def chains_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | No
             rows.append({"env": name, "error": why})
             continue
         columns = db_columns(runtime.template.data)
-        chains = sample_chains(graph, columns, n, max_len, seed)
+        if sampler == "backward":
+            chains = sample_backward(graph, columns, n, max_len, seed, p=p, k=k)
+        else:  # the forward walk of issue 10, for comparison
+            chains = sample_chains(graph, columns, n, max_len, seed)
         store = JsonlStore(factory_dir(out, name) / CHAINS_FILE, lambda r: r["chain_id"])
         added = sum(store.append_once(c.model_dump(mode="json")) for c in chains)
         rows.append({"env": name, "kept_edges": len(graph.kept()), "sampled": len(chains), "added": added,

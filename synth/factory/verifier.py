@@ -2,8 +2,9 @@
 
 A chain that wrote checks the rows it changed: each added row exists in the final database more
 often than in the initial one (matched on its stable columns), each changed row has its new
-values and each deleted row is gone. A read-only chain checks that the final answer contains the
-key value the last call returned. Columns whose values differ between two executions of the same
+values and each deleted row is gone. A read-only chain checks that the final answer states the key
+value the last call returned exactly (the same number, or the text as whole words: "10" does not
+state "0"), and 0/1 are never that value (a guess says them). Columns whose values differ between two executions of the same
 chain (random codes), that are named like timestamps, or that hold a time the env stamped (now,
 today: two runs in one second agree on it) are left out, so a replay at another time still passes. The code runs only in the judge's sandbox.
 """
@@ -61,10 +62,20 @@ _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: s
             if rowid in by_id:
                 return {{"result": "others", "reason": f"{{table}} row {{rowid}} still there"}}
     answer = EXPECTED.get("answer")
-    if answer is not None:
-        if not final_answer or str(answer).lower() not in str(final_answer).lower():
-            return {{"result": "others", "reason": "the final answer lacks the requested value"}}
+    if answer is not None and not states(str(final_answer or ""), answer):
+        return {{"result": "others", "reason": "the final answer does not state the requested value"}}
     return {{"result": "complete"}}
+
+
+def states(text, value):
+    """The answer states ``value`` exactly: the same number, or the text as whole words."""
+    import re
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        numbers = re.findall(r"(?<![\\w.])-?\\d+(?:,\\d{{3}})*(?:\\.\\d+)?(?![\\w])", text)
+        return any(abs(float(n.replace(",", "")) - value) < 1e-9 for n in numbers)
+    want = re.escape(str(value).strip().lower())
+    return re.search(r"(?<!\\w)" + want + r"(?!\\w)", text.lower()) is not None
 '''
 
 
@@ -127,8 +138,8 @@ def key_value(result: Any) -> tuple[str, Any] | None:
             continue
         if isinstance(value, str) and len(value.strip()) >= 2:
             rank = 0 if leaf in ("name", "title", "full_name", "display_name") else 1
-        elif isinstance(value, (int, float)):
-            rank = 2
+        elif isinstance(value, (int, float)) and abs(value) >= 2:
+            rank = 2  # 0 and 1 (counts, flags) are what a guess says
         else:
             continue
         best.append((rank, f.path, value))
@@ -149,3 +160,29 @@ def checks_something(expected: dict[str, Any]) -> bool:
         return True
     return any(spec.get("added") or spec.get("changed") or spec.get("deleted")
                for spec in expected.get("tables", {}).values())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return str(a).strip().lower() == str(b).strip().lower()
+
+
+def wrong_answers(answer: tuple[str, Any] | None, last_result: Any, db_values: list[Any],
+                  stated: list[Any]) -> list[str]:
+    """What a no-op agent might answer, none of which may pass the verifier: for a question, the
+    asked field with other values (the last call's other items, then ``db_values``: a same-named
+    column of the database); for a change, "done" with every value the request states."""
+    if answer is None:
+        said = ", ".join(str(v) for v in stated if v is not None and str(v).strip())
+        return ["Done, I've taken care of that.", f"Done: {said}." if said else "All set, it's updated."]
+    path, value = answer
+    leaf = path.rsplit(".", 1)[-1].strip("[]").replace("_", " ")
+    others: list[Any] = []
+    for v in [*field_values(last_result, path), *db_values]:
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool) and not _same(v, value) and \
+                not any(_same(v, o) for o in others):
+            others.append(v)
+    if not others:
+        return [f"I checked: there is no {leaf} to report."]
+    return [f"The {leaf} is {v}." for v in others[:2]]

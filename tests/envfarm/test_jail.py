@@ -44,6 +44,10 @@ ATTACKS: dict[str, tuple[str, dict, object]] = {
     "unix socket to the front": (
         "import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0x')", {}, "denied"),
     "socketpair": ("import socket; socket.socketpair()", {}, "denied"),
+    "cancel death with the parent": (_c("""
+        import ctypes; libc = ctypes.CDLL(None, use_errno=True)
+        result = (libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())  # PR_SET_PDEATHSIG, 0
+        """), {}, lambda r: r["child"]["result"] == "(-1, 1)"),
     "os.system": ("import os; result = os.system('touch /tmp/envfarm-jail-marker')", {},
                   lambda r: r["child"]["result"] != "0"),
     "subprocess": ("import subprocess; subprocess.run(['/bin/true'])", {}, "denied"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 from envfarm import EnvRuntime, load_catalog
@@ -12,12 +11,19 @@ from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.graph import build_graph, factory_dir, save_graph
 from synth.factory.run import CHAINS_FILE
-from tests.fakes.mock_openai import MockOpenAI
+from tests.fakes.mock_openai import MockOpenAI, SeenRequest
 
 ENV = "hotel_booking_1"
-#: a request that names no tool and no id (QueryGen's answer in the offline tests)
-GOOD = json.dumps({"messages": ["I'd like to sort out my trip plans in my account, please.",
-                                "And tell me when that's done."]})
+def request(first: str = "I'd like to sort out my trip plans in my account, please."):
+    """A QueryGen answer with one message per planned turn, ``first`` first (names no tool, no id
+    unless ``first`` does); well-formed, but no agent can act on it."""
+    from tests.synth.factory_agent import query_prompt_of, staged_messages, turn_sizes
+
+    def answer(req: SeenRequest) -> str:
+        sizes = turn_sizes(query_prompt_of(req)) or [1]
+        return staged_messages([first, *(["And tell me when that's done."] * (len(sizes) - 1))], sizes)
+
+    return answer
 
 
 def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
@@ -32,10 +38,14 @@ def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
     return chains
 
 
-def script_queries(mock: MockOpenAI, answer: str = GOOD) -> None:
-    mock.script(answer, stage="queries", repeat=True)
+def script_queries(mock: MockOpenAI) -> None:
+    """A scripted QueryGen and agent on ``mock`` (``tests.synth.factory_agent``), registered for the CLI."""
+    from tests.synth.factory_agent import script_world
+
+    script_world(mock)
 
 
 def queries_args(mock: MockOpenAI, out: Path) -> list[str]:
     return ["queries", "--out", str(out), "--env", ENV, "--llm-base-url", mock.url, "--llm-model", "mock",
             "--no-cache"]
+

@@ -101,10 +101,15 @@ def test_coverage_weighting_reaches_rare_tools() -> None:
     assert spread(weighted) < spread(uniform)
 
 
-def test_cycles_do_not_hang() -> None:
+def _cycle_graph() -> ToolGraph:
+    """start -> a -> b -> c -> a."""
     nodes = [_node("a", ["c_id"]), _node("b", ["a_id"]), _node("c", ["b_id"]), _node("start")]
     edges = [_edge("a", "b", "a_id"), _edge("b", "c", "b_id"), _edge("c", "a", "c_id"), _edge("start", "a", "c_id")]
-    graph = ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+    return ToolGraph(env="cycle_1", nodes=nodes, edges=edges, threshold=0.6)
+
+
+def test_cycles_do_not_hang() -> None:
+    graph = _cycle_graph()
     started = time.perf_counter()
     chains = sample_chains(graph, {}, n=1000, max_len=50, seed=0)
     assert time.perf_counter() - started < 5
@@ -208,3 +213,71 @@ def test_sampled_chains_of_the_lending_env_execute() -> None:
     for chain in chains:
         results = asyncio.run(_execute(runtime, chain))
         assert all(r.ok for r in results), (chain, [r.error for r in results])
+
+
+def test_database_values_are_passed_as_the_schema_types() -> None:
+    from synth.factory.execute import fit_schema
+
+    flag, optional_flag = {"type": "boolean"}, {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
+    assert fit_schema(1, flag) is True and fit_schema("0", optional_flag) is False
+    assert fit_schema("12", {"type": "integer"}) == 12 and fit_schema("2.5", {"type": "number"}) == 2.5
+    assert fit_schema(7, {"type": "string"}) == "7" and fit_schema("x", {"type": "integer"}) == "x"
+    assert fit_schema(3, {"type": "integer"}) == 3 and fit_schema(1, None) == 1
+
+
+def test_backward_sampling_resolves_dependencies_first(hotel) -> None:
+    from synth.factory.sampling import sample_backward
+
+    graph, columns = hotel
+    chains = sample_backward(graph, columns, n=60, max_len=4, seed=1)
+    assert len(chains) == 60 and len({c.chain_id for c in chains}) == 60
+    _assert_satisfiable(chains, graph, columns, 4)
+    assert chains == sample_backward(graph, columns, n=60, max_len=4, seed=1)
+    # branching: some step feeds two later steps, or one step takes from two earlier ones
+    fan_out = any(Counter(b.step for s in c.steps for b in s.bindings.values() if b.kind == "step").most_common(1)
+                  [0][1] >= 2 for c in chains if any(b.kind == "step" for s in c.steps for b in s.bindings.values()))
+    fan_in = any(len({b.step for b in s.bindings.values() if b.kind == "step"}) >= 2 for c in chains for s in c.steps)
+    assert fan_out or fan_in
+
+
+def test_backward_p_brings_in_optional_predecessors() -> None:
+    """``city`` is external (the user can say it), and ``find_city`` can also produce it: only
+    with probability p does the sampler bring that producer in before ``book``."""
+    from synth.factory.sampling import sample_backward
+
+    nodes = [_node("find_city", fields=["city"]), _node("book", ["city"]), _node("confirm", ["id"])]
+    edges = [_edge("find_city", "book", "city", field="city"), _edge("book", "confirm", "id")]
+    graph = ToolGraph(env="trip_1", nodes=nodes, edges=edges, threshold=0.6)
+
+    def with_producer(p: float) -> float:
+        """Share of chains with ``book`` whose city comes from ``find_city``."""
+        chains = sample_backward(graph, {}, n=40, max_len=3, seed=0, p=p)
+        books = [s for c in chains for s in c.steps if s.tool == "book"]
+        return sum(s.bindings["city"].kind == "step" for s in books) / len(books)
+
+    assert with_producer(0.0) < with_producer(1.0) == 1.0
+
+
+def test_backward_sampling_of_a_cycle_ends() -> None:
+    from synth.factory.sampling import sample_backward
+
+    graph = _cycle_graph()
+    started = time.perf_counter()
+    chains = sample_backward(graph, {}, n=1000, max_len=50, seed=0)
+    assert time.perf_counter() - started < 30 and chains  # bounded even on a loaded machine
+    _assert_satisfiable(chains, graph, {}, 50)
+
+
+def test_backward_producer_of_a_surrogate_key_comes_first() -> None:
+    from synth.factory.sampling import sample_backward
+
+    runtime = EnvRuntime(lending_bundle())
+    graph = asyncio.run(build_graph(runtime, embedder=None))
+    columns = db_columns(runtime.template.data)
+    chains = sample_backward(graph, columns, n=10, max_len=3, seed=0)
+    returns = [c for c in chains if any(s.tool == "return_loan" for s in c.steps)]
+    assert returns
+    for c in returns:  # loan_id: lend_book returns it, so the loan is one this chain made
+        i = next(i for i, s in enumerate(c.steps) if s.tool == "return_loan")
+        b = c.steps[i].bindings["loan_id"]
+        assert b.kind == "step" and c.steps[b.step].tool == "lend_book"

@@ -95,8 +95,8 @@ async def _confirmed(runtime, mock, batch_size=20):
 
 
 def test_llm_confirms_after_a_malformed_answer_and_ignores_unknown_names(lending, mock_openai) -> None:
-    def answer(req):
-        good = json.loads(replay_answer(req.last_user, _judge))["edges"]
+    def answer(req):  # the batch is the first user message (a repair asks after it)
+        good = json.loads(replay_answer(req.messages[1]["content"], _judge))["edges"]
         first = good[0]
         rest = [{**first, "src": "no_such_tool", "keep": False}, {"id": "e99", "keep": True}, *good[1:]]
         return json.dumps({"edges": rest})  # the first edge only under an unknown tool name
@@ -161,3 +161,32 @@ def test_cli_graph_without_llm_endpoint_is_a_usage_error(tmp_path, monkeypatch) 
     assert res.exit_code == 2 and "no environment" in res.output
     res = _cli("graph", "--out", str(tmp_path), "--llm-replay", str(tmp_path / "r.jsonl"), "--price", "m=cheap")
     assert res.exit_code == 2 and "error:" in res.output
+
+
+def test_answer_variants_are_coerced_not_dropped(lending, mock_openai) -> None:
+    """"keep": "true", integer ids, src as tool.field and a bare list still rule on every edge."""
+    def variants(req):
+        good = json.loads(replay_answer(req.last_user, _judge))["edges"]
+        return json.dumps([{**e, "id": int(e["id"][1:]), "keep": "true" if e["keep"] else "no",
+                            "src": f"{e['src']}.some_field"} for e in good])
+
+    mock_openai.script(variants, stage="graph", scenario="lending_1")
+    g = asyncio.run(_confirmed(lending, mock_openai))
+    llm = g.stats["llm"]
+    assert llm["calls"] == 1 and llm["unconfirmed"] == 0 and llm["coerced"] == len(g.edges) > 0
+    assert [e.kept for e in g.edges] == [_judge(e.src, e.field, e.dst, e.param)[0] for e in g.edges]
+
+
+def test_an_unusable_ruling_is_repaired_with_the_error(lending, mock_openai) -> None:
+    def maybe(req):
+        good = json.loads(replay_answer(req.last_user, _judge))["edges"]
+        return json.dumps({"edges": [{**good[0], "keep": "maybe"}, *good[1:]]})
+
+    mock_openai.script(maybe, lambda req: replay_answer(req.messages[1]["content"], _judge),
+                       stage="graph", scenario="lending_1")
+    g = asyncio.run(_confirmed(lending, mock_openai))
+    llm = g.stats["llm"]
+    assert llm["calls"] == 2 and llm["retried"] == 1 and llm["unconfirmed"] == 0
+    repair = mock_openai.requests[1].last_user
+    assert "keep must be true or false, got 'maybe'" in repair and "no usable ruling for e0" in repair
+    assert [e.kept for e in g.edges] == [_judge(e.src, e.field, e.dst, e.param)[0] for e in g.edges]

@@ -14,46 +14,42 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from envfarm import EnvRuntime
 from envfarm.llm import LLMClient, LLMConfig
-from judge import VerifierSandbox
 from synth._jsonl import read_jsonl
-from synth.factory.dbvalues import db_columns
 from synth.factory.execute import DROP_CALL_FAILED
-from synth.factory.graph import build_graph, factory_dir
-from synth.factory.model import Binding, Chain, Step
+from synth.factory.graph import factory_dir
+from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.factory_env import lending_bundle
-from tests.synth.factory_run import ENV, GOOD, prepare_run, queries_args, script_queries
+from tests.synth.factory_agent import (
+    ScriptedWorld,
+    script_world,
+    scripted_solver,
+    staged_messages,
+)
+from tests.synth.factory_run import (
+    ENV,
+    prepare_run,
+    queries_args,
+    request,
+    script_queries,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with VerifierSandbox(workers=2, timeout_s=10.0) as sb:
-        yield sb
-
-
-@pytest.fixture(scope="module")
-def lending():
-    from synth.factory.chains import sample_chains
-
-    runtime = EnvRuntime(lending_bundle())
-    graph = asyncio.run(build_graph(runtime, embedder=None))
-    columns = db_columns(runtime.template.data)
-    return runtime, columns, sample_chains(graph, columns, n=10, max_len=3, seed=0)
-
-
 async def _episodes(runtime, columns, chains, mock, sandbox):
-    async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
-        return [await make_episode(runtime, c, columns, llm, sandbox) for c in chains]
+    solver = scripted_solver(mock)
+    try:
+        async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
+            return [await make_episode(runtime, c, columns, llm, sandbox, solver) for c in chains]
+    finally:
+        await solver.aclose()
 
 
-def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
-    script_queries(mock_openai)
+def test_lending_chains_become_gated_episodes(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
+    world = script_world(mock_openai)
     eps = asyncio.run(_episodes(runtime, columns, chains, mock_openai, sandbox))
     accepted = [e for e in eps if e.accepted]
     assert len(accepted) >= 5, [(e.reason, e.detail) for e in eps]
@@ -61,7 +57,8 @@ def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> 
     reads = [e for e in accepted if e.final_answer is not None]
     assert writes and reads
     for e in accepted:
-        assert e.messages == json.loads(GOOD)["messages"] and all(c.ok for c in e.calls)
+        assert task_text(e) in world.plans and all(c.ok for c in e.calls)
+        assert len(e.messages) == len(e.turn_calls) and sum(e.turn_calls) == len(e.calls)
         assert e.usage["prompt_tokens"] > 0
     initial = runtime.template.data
 
@@ -74,8 +71,8 @@ def test_lending_chains_become_gated_episodes(lending, mock_openai, sandbox) -> 
     assert all(asyncio.run(verdicts(e, e.final_answer)) == "complete" for e in reads)
 
 
-def test_failing_chain_is_dropped_before_any_llm_call(lending, mock_openai, sandbox) -> None:
-    runtime, columns, _ = lending
+def test_failing_chain_is_dropped_before_any_llm_call(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, _ = lending_chains
     chain = Chain(env="lending_1", chain_id="failing", steps=[
         Step(tool="list_books"), Step(tool="yearly_report", bindings={"year": Binding(kind="task")})])
     (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
@@ -83,20 +80,20 @@ def test_failing_chain_is_dropped_before_any_llm_call(lending, mock_openai, sand
     assert mock_openai.requests == []
 
 
-def test_malformed_answer_is_retried_then_counted(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
-    mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', GOOD, stage="queries")
+def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
+    mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', request(), stage="queries")
     first, second = asyncio.run(_episodes(runtime, columns, chains[:2], mock_openai, sandbox))
     assert not first.accepted and first.reason == "malformed" and first.verifier_code
     assert second.reason != "malformed"  # the third answer was bad, the retry good
-    assert len(mock_openai.requests) == 4
+    assert len([r for r in mock_openai.requests if r.stage == "queries"]) == 4
 
 
-def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending, mock_openai, sandbox) -> None:
-    runtime, columns, chains = lending
+def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
     lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
-    mock_openai.script(json.dumps({"messages": ["Please run return_loan on my loan."]}),
-                       json.dumps({"messages": ["Please return loan #2 for me."]}), stage="queries")
+    mock_openai.script(request("Please run return_loan on my loan."), request("Please return loan #2 for me."),
+                       stage="queries")
     named, numbered = asyncio.run(_episodes(runtime, columns, [lend, lend], mock_openai, sandbox))
     assert (named.reason, numbered.reason) == ("names_tool", "names_id")
     assert not named.accepted and not numbered.accepted
@@ -134,7 +131,12 @@ def test_llm_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None
 
     async def run() -> dict:
         async with LLMClient(LLMConfig(base_url=mock_openai.url, model="mock", max_retries=0)) as llm:
-            (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, envs=[ENV], concurrency=3)
+            solver = scripted_solver(mock_openai)
+            try:
+                (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, solver=solver, envs=[ENV],
+                                               concurrency=3)
+            finally:
+                await solver.aclose()
         return row
 
     mock_openai.script(Reply.error(500), stage="queries", repeat=True)
@@ -154,7 +156,7 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     path = factory_dir(tmp_path, ENV) / EPISODES_FILE
     with MockOpenAI(latency_s=0.1) as mock:
         script_queries(mock)
-        cmd = [sys.executable, "-m", "synth.cli", *queries_args(mock, tmp_path)]
+        cmd = [sys.executable, "-m", "tests.synth.factory_cli", *queries_args(mock, tmp_path)]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
@@ -179,12 +181,12 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     assert f"{10 - killed_at} new episodes" in final.stdout
 
 
-def test_templated_verifier_checks_added_changed_and_deleted_rows(lending, sandbox) -> None:
+def test_templated_verifier_checks_added_changed_and_deleted_rows(lending_chains, sandbox) -> None:
     from envfarm.template import open_memory_db
     from synth.factory.execute import diff_rows
     from synth.factory.verifier import expected_state, verifier_code
 
-    runtime = lending[0]
+    runtime = lending_chains[0]
     initial = runtime.template.data
     conn = open_memory_db(False)
     conn.deserialize(initial)
@@ -219,3 +221,75 @@ def test_times_the_env_stamps_are_not_checked() -> None:
     diff = {"t": {"added": [row], "changed": [], "deleted": []}}
     (want,) = expected_state(diff, set(), given={"2027-03-14 15:00"})["tables"]["t"]["added"]
     assert want == {"amount": 5.0, "check_in": "2027-03-14 15:00"}  # the id, now and today left out
+
+
+def test_query_stages_and_answer_shapes() -> None:
+    from synth._parse import ParseError
+    from synth.factory.querygen import MAX_TURN_CALLS, parse_query, plan_turns
+
+    turn = {"subgoals": ["lend the book", "return it"], "goal": "Lend Dune to Ann, then return it.",
+            "message": {"role": "user", "content": "Lend Dune to Ann and bring it back."}}
+    answer = {"profile": "A librarian.", "scenario": "Ann borrows a book for a day.", "turns": [turn]}
+    plan = parse_query(json.dumps(answer), [2])
+    assert [t.message for t in plan.turns] == ["Lend Dune to Ann and bring it back."]
+    assert plan.profile == "A librarian." and plan.turns[0].subgoals == ["lend the book", "return it"]
+    as_object = {**answer, "turns": {"turn 1": {**turn, "subgoals": "lend and return"}}}
+    assert parse_query(json.dumps(as_object), [1]).turns[0].subgoals == ["lend and return"]
+    with pytest.raises(ParseError, match="1 turns for 2 planned"):
+        parse_query(json.dumps(answer), [1, 1])
+    with pytest.raises(ParseError, match="2 subgoals for its 3 calls"):
+        parse_query(json.dumps(answer), [3])
+    for missing in ("profile", "scenario"):  # every stage is checked
+        with pytest.raises(ParseError):
+            parse_query(json.dumps({k: v for k, v in answer.items() if k != missing}), [2])
+    with pytest.raises(ParseError):
+        parse_query(json.dumps({**answer, "turns": [{**turn, "goal": ""}]}), [2])
+    with pytest.raises(ParseError):
+        parse_query('{"messages": ["Lend Dune to Ann."]}', [1])  # the message alone skips the stages
+    for n in range(1, 12):
+        for seed in range(20):
+            sizes = plan_turns(n, str(seed))
+            assert sum(sizes) == n and 1 <= len(sizes) <= max(3, -(-n // MAX_TURN_CALLS))
+            assert all(1 <= s <= MAX_TURN_CALLS for s in sizes)
+
+
+def test_a_wrong_turn_count_is_repaired_with_the_error(lending_chains, mock_openai, sandbox) -> None:
+    runtime, columns, chains = lending_chains
+    chain = next(c for c in chains if len(c.steps) == 3)
+    world = script_world(mock_openai)
+    mock_openai.clear()
+    mock_openai.script(staged_messages(["one", "two", "three", "four"], [1, 1, 1, 1]), world.querygen,
+                       stage="queries")
+    world.install(mock_openai)
+    (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
+    assert ep.accepted, (ep.reason, ep.detail)
+    assert len(ep.messages) == len(ep.turn_calls) and sum(ep.turn_calls) == 3
+    repair = [r for r in mock_openai.requests if r.stage == "queries"][1]
+    assert f"4 turns for {len(ep.turn_calls)} planned" in repair.last_user
+    assert ep.query["profile"] and [t["message"] for t in ep.query["turns"]] == ep.messages
+
+
+def test_agent_endpoint_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandbox) -> None:
+    from synth.factory.queries import queries_catalog
+
+    prepare_run(tmp_path, n=6)
+    world = ScriptedWorld()
+    mock_openai.script(world.querygen, stage="queries", repeat=True)
+    down = mock_openai.script(Reply.error(500), match=lambda r: r.stage == "", repeat=True)  # the agent's
+
+    async def run() -> dict:
+        solver = scripted_solver(mock_openai)
+        try:
+            async with LLMClient(LLMConfig(base_url=mock_openai.url, model="mock", max_retries=0)) as llm:
+                (row,) = await queries_catalog(None, tmp_path, llm=llm, sandbox=sandbox, solver=solver, envs=[ENV])
+        finally:
+            await solver.aclose()
+        return row
+
+    failed = asyncio.run(run())
+    stored = read_jsonl(factory_dir(tmp_path, ENV) / EPISODES_FILE)
+    assert failed["llm_errors"] >= 1 and not any(e["accepted"] or e["reason"] == "solver_error" for e in stored)
+    mock_openai.rules.remove(down)  # the agent endpoint is back
+    mock_openai.script(world.agent, match=lambda r: r.stage == "", repeat=True)
+    again = asyncio.run(run())
+    assert again["new"] == failed["llm_errors"] and again["episodes"] == 6 and again["accepted"] >= 1

@@ -11,7 +11,7 @@ from tests.envfarm.farm.conftest import ENV, new_lease
 async def test_episode_with_reference_solution_scores_one(client, bundled_catalog):
     path, auth, info = await new_lease(client, task_idx=0)
     assert info["task"] == bundled_catalog[ENV].tasks[0]
-    assert info["mcp_url"] == path + "/mcp"
+    assert info["mcp_url"].startswith("http://farm" + path + "/mcp/")  # absolute, credential
     tools = (await client.get(path + "/tools", headers=auth)).json()
     assert "create_reservation" in {t["name"] for t in tools}
     for step in bundled_catalog[ENV].solutions[0]:

@@ -3,6 +3,7 @@ with every HTTP answer counted by kind (ours vs HAProxy's own error pages)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -87,3 +88,16 @@ async def check(c: httpx.AsyncClient, info: dict, tally: Tally) -> int:
     elif r.status_code == 410:
         tally.gone[info["lease_id"]] = r.json()["error"]["kind"]
     return r.status_code
+
+
+async def churn(c: httpx.AsyncClient, tally: Tally, stop: asyncio.Event, held: list[dict]) -> None:
+    """Load until ``stop``: a lease, its state written, then reads until a new lease is due
+    (every 20 calls, so leases also land on replicas that start meanwhile)."""
+    while not stop.is_set():
+        info = await acquire(c, tally)
+        if info is None or not await write(c, info, tally):
+            continue
+        held.append(info)
+        for _ in range(20):
+            if stop.is_set() or await check(c, info, tally) != 200:
+                break

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.envfarm.serve._traffic import Tally, acquire, check, owner, write
+from tests.envfarm.serve._traffic import Tally, acquire, check, churn, owner, write
 from tests.envfarm.serve.conftest import ENV
 
 pytestmark = [
@@ -92,20 +92,7 @@ async def test_pool_scales_up_and_down_under_load(autoscaled_farm):
         assert all(early) and all([await write(c, i, tally) for i in early])
         held += early
         first_owner = owner(early[0])
-
-        async def worker() -> None:
-            # A lease, its state written, then reads until a new lease is due (every 20 calls,
-            # so leases also land on the new replica once it runs).
-            while not stop.is_set():
-                info = await acquire(c, tally)
-                if info is None or not await write(c, info, tally):
-                    continue
-                held.append(info)
-                for _ in range(20):
-                    if stop.is_set() or await check(c, info, tally) != 200:
-                        break
-
-        workers = [asyncio.create_task(worker()) for _ in range(WORKERS)]
+        workers = [asyncio.create_task(churn(c, tally, stop, held)) for _ in range(WORKERS)]
         up_s = await wait_replicas(2, timeout_s=40)
         pids_before = haproxy_pids()
         await asyncio.to_thread(reload_haproxy_twice)

@@ -62,10 +62,12 @@ def test_manifest_is_what_serve_config_writes(manifest):
     from envfarm.serve import DeploymentOptions, ServeOptions
     from envfarm.serve.apps import serve_config
 
-    options = ServeOptions(host="0.0.0.0", deployment=DeploymentOptions(num_replicas=2),
-                           per_env={"hotel_booking_1": DeploymentOptions(autoscaling_config={
-                               "min_replicas": 2, "max_replicas": 8,
-                               "target_ongoing_requests": 64})})
+    # A pool replica reserves one CPU: one event loop uses at most a core, and a replica that
+    # cannot be placed is the demand KubeRay's autoscaler answers with a new worker pod.
+    options = ServeOptions(
+        host="0.0.0.0", deployment=DeploymentOptions(num_replicas=2, num_cpus=1),
+        per_env={"hotel_booking_1": DeploymentOptions(num_cpus=1, autoscaling_config={
+            "min_replicas": 2, "max_replicas": 8, "target_ongoing_requests": 64})})
     written = serve_config(FarmConfig(pool=PoolConfig(warm=16)), options)
     assert yaml.safe_load(manifest["spec"]["serveConfigV2"]) == written
 

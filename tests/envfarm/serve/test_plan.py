@@ -72,3 +72,19 @@ def test_public_names_are_sorted_and_exist():
     for module in (envfarm.farm, envfarm.client, envfarm.serve):
         assert module.__all__ == sorted(module.__all__), module.__name__
         assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_door_replicas_in_front_of_a_multi_replica_pool(bundled_catalog):
+    from ray.serve._private.build_app import build_app  # Serve's own builder; no Ray started
+
+    from envfarm.serve import DeploymentOptions
+    from envfarm.serve._ingress import pool_application
+
+    farm = FarmConfig(envs=["hotel_booking_1"]).model_dump()
+    built = build_app(pool_application(farm, DeploymentOptions(num_replicas=2, door_replicas=3),
+                                       "haproxy"), name="a")
+    assert built.ingress_deployment_name == "door"
+    assert {d.name: d.num_replicas for d in built.deployments} == {"pool": 2, "door": 3}
+    single = build_app(pool_application(farm, DeploymentOptions(door_replicas=3), "haproxy"),
+                       name="b")
+    assert [d.name for d in single.deployments] == ["pool"]  # one replica is its own ingress

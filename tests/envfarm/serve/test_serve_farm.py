@@ -193,3 +193,12 @@ async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
         lease.info = ghost
         with pytest.raises(LeaseLost):
             await lease.tools()
+
+
+def test_healthz_says_ready_with_every_env_warm(serve_farm):
+    r = httpx.get(serve_farm.url + "/healthz")
+    assert r.status_code == 200, r.text
+    health = r.json()
+    assert health["ready"] is True and health["waiting_for"] == [] and health["envs"] == [ENV]
+    assert health["free_instances"] >= 1
+    assert httpx.get(serve_farm.url + "/status.json").json()["ready"] is True

@@ -60,3 +60,35 @@ async def test_a_killed_worker_fails_its_pending_calls_and_is_replaced(bundle):
         assert c.worker is not a.worker and (await c.call("list_notes", {})).ok
     finally:
         await env.aclose()
+
+
+async def test_an_answer_to_a_cancelled_call_is_not_taken_for_a_forgery(bundle):
+    """A client that hangs up mid-call (Serve then cancels the request) must not cost the
+    worker: its answer arrives later, for an id the front no longer waits on."""
+    env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False), warm=1)
+    try:
+        inst = await env.acquire()
+        for _ in range(5):
+            task = asyncio.ensure_future(inst.call("list_notes", {}))
+            await asyncio.sleep(0)  # sent, not answered
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        res = await inst.call("list_notes", {})
+        assert res.ok and inst.lost is None
+    finally:
+        await env.aclose()
+
+
+async def test_an_answer_to_a_request_never_sent_kills_the_worker(bundle):
+    from envfarm.worker import WorkerLost, _frames
+
+    env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False), warm=1)
+    try:
+        inst = await env.acquire()
+        inst.worker._on_reply({"id": 10_000, "ok": True}, b"")  # as if the worker forged one
+        assert inst.lost and "never sent" in inst.lost
+        with pytest.raises(WorkerLost):
+            await inst.call("list_notes", {})
+        assert _frames.MAX_FRAME >= 1 << 20
+    finally:
+        await env.aclose()

@@ -1,0 +1,97 @@
+"""Stopping a farm this process started: within a deadline, and with nothing left behind.
+
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so Ray's own processes
+(GCS, raylet, workers, HAProxy) would get it too and die under in-flight requests, leaving the
+driver to wait on a Serve that is gone. ``shielded_start`` starts them with SIGINT ignored (a
+disposition that survives exec, and that Python keeps), so only the driver hears Ctrl-C and
+shuts Serve down in order: in-flight requests are answered, then Ray stops. ``stop_within``
+bounds that (Serve's own shutdown first drains: in-flight requests are answered, new ones get
+503, see ``RunningFarm.shutdown``), then ends whatever process the farm started that is still
+alive (reparented away from us, an HAProxy left by a reload) by the handles taken while it
+ran. A terminal's Ctrl-C during start-up waits for the start to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import psutil
+
+log = logging.getLogger("envfarm.serve")
+
+T = TypeVar("T")
+
+
+def shielded_start(start: Callable[[], T]) -> T:
+    """Run ``start`` with SIGINT ignored, so the processes it spawns ignore a terminal's Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Descendants:
+    """Every process below this one seen so far (psutil handles: a reused pid is not ours)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, psutil.Process] = {}
+
+    def look(self) -> None:
+        for proc in psutil.Process().children(recursive=True):
+            self.seen.setdefault(proc.pid, proc)
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.Error:
+                continue
+        return out
+
+    def end(self, grace_s: float = 2.0) -> list[str]:
+        """SIGTERM every one still alive, SIGKILL after ``grace_s``; their names."""
+        left = self.alive()
+        names = []
+        for proc in left:
+            try:
+                names.append(proc.name())
+                proc.terminate()
+            except psutil.Error:
+                continue
+        _, stubborn = psutil.wait_procs(left, timeout=grace_s)
+        for proc in stubborn:
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        return names
+
+
+def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: float = 5.0
+                ) -> tuple[list[str], bool]:
+    """Run ``shutdown`` for at most ``deadline_s``, then end what is left: (names of what was
+    left, whether ``shutdown`` finished). When it did not, Ray's exit hooks would wait on the
+    processes just ended: the caller should leave with ``os._exit``."""
+    watch.look()
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            shutdown()
+        except Exception as exc:  # noqa: BLE001 - a half-dead Ray: the processes go below
+            log.warning("farm shutdown failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="envfarm-stop", daemon=True).start()
+    finished = done.wait(deadline_s)
+    if not finished:
+        log.warning("farm shutdown took over %.0f s; ending its processes", deadline_s)
+    return watch.end(grace_s=1.5), finished

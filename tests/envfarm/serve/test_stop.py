@@ -1,0 +1,114 @@
+"""`envfarm serve` stops cleanly: Ctrl-C as a terminal sends it (SIGINT to the whole foreground
+process group) and SIGTERM as an orchestrator sends it (to the main process), under traffic:
+out within 10 s, requests in flight answered (no connection reset mid-request), and no Ray,
+HAProxy or worker process left behind."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from envfarm.farm import free_port
+from tests.envfarm.serve.conftest import ENV, _only_loopback
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def traffic(url: str, stop: threading.Event, outcomes: collections.Counter) -> None:
+    with httpx.Client(base_url=url, timeout=30) as c:
+        while not stop.is_set():
+            try:
+                made = c.post(f"/envs/{ENV}/leases", json={})
+                outcomes[str(made.status_code)] += 1
+                if made.status_code != 201:
+                    time.sleep(float(made.headers.get("retry-after", 1)))  # stopping
+                    continue
+                info = made.json()
+                auth = {"Authorization": f"Bearer {info['token']}"}
+                for _ in range(5):
+                    r = c.post(f"/envs/{ENV}/leases/{info['lease_id']}/call", headers=auth,
+                               json={"tool": "list_wishlists"})
+                    outcomes[str(r.status_code)] += 1
+                    if r.status_code != 200:
+                        time.sleep(float(r.headers.get("retry-after", 1)))
+                        break
+            except httpx.ConnectError:
+                outcomes["refused"] += 1  # the farm is gone: nothing was in flight
+                time.sleep(0.1)
+            except (httpx.HTTPError, ValueError) as exc:
+                outcomes[type(exc).__name__] += 1
+                time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c to the process group", "sigterm to the process"])
+def test_serve_stops_within_10_s_and_leaves_nothing(how, tmp_path):
+    if not _only_loopback():
+        pytest.skip("Ray tests run inside a private network namespace")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "out").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", "2",
+             "--port", str(port)], cwd=REPO, start_new_session=True,  # own group, as a shell
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+    family: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (tmp_path / "out").read_text()[-2000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("the farm did not get ready in 180 s")
+        family.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+        assert any("haproxy" in p.name() for p in family.values())
+        stop, outcomes = threading.Event(), collections.Counter()
+        senders = [threading.Thread(target=traffic, args=(url, stop, outcomes))
+                   for _ in range(4)]
+        for t in senders:
+            t.start()
+        time.sleep(2)
+        assert outcomes["200"] > 0, outcomes
+        family.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+        sent_at = time.monotonic()
+        if how.startswith("ctrl-c"):
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - sent_at
+        stop.set()
+        for t in senders:
+            t.join()
+        output = (tmp_path / "out").read_text()
+        assert took <= 10, (took, output[-2000:])
+        assert rc == 0, output[-2000:]
+        assert "stopped" in output
+        # answered, or refused once the farm was gone; never cut off mid-request
+        assert set(outcomes) <= {"200", "201", "410", "503", "refused"}, outcomes
+        time.sleep(0.5)
+        left = [(p.pid, p.name()) for p in family.values()
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert left == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in family.values():  # only what this test started
+            if p.is_running():
+                p.kill()
