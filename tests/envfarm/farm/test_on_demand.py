@@ -137,6 +137,23 @@ async def test_http_warm_up_status_metrics_and_broken_answer(catalog_100):
         assert r.json()["state"] == "loaded" and r.json()["tools"]
         assert [d.state for d in await sdk.warm(env)] == [EnvState.loaded]  # loaded already
 
+        # MCP for a type loaded after the farm started: its MCP app starts at first use.
+        r = await client.post(f"/envs/{names[4]}/leases", json={})
+        assert r.status_code == 201, r.text
+        info = r.json()
+        mcp = f"/envs/{names[4]}/leases/{info['lease_id']}/mcp"
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Authorization": f"Bearer {info['token']}"}
+        listing = await asyncio.gather(*(client.post(
+            mcp, json={"jsonrpc": "2.0", "id": i, "method": "tools/list", "params": {}},
+            headers=headers) for i in range(3)))  # concurrent first requests share one start
+        assert all(r.status_code == 200 and r.json()["result"]["tools"] for r in listing)
+        tool = listing[0].json()["result"]["tools"][0]["name"]
+        r = await client.post(mcp, headers=headers, json={
+            "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": tool, "arguments": {}}})
+        assert r.status_code == 200 and "result" in r.json(), r.text
+
         r = await client.post(f"/envs/{broken}/leases", json={})
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "EnvBroken"
@@ -144,8 +161,8 @@ async def test_http_warm_up_status_metrics_and_broken_answer(catalog_100):
             await sdk.warm(broken)
 
         types = (await client.get("/status.json")).json()["types"]
-        assert types == {"types": TYPES, "loaded": 1, "loading": 0, "cold": TYPES - 2,
-                         "broken": 1, "cold_starts": 1, "evictions": 0}
+        assert types == {"types": TYPES, "loaded": 2, "loading": 0, "cold": TYPES - 3,
+                         "broken": 1, "cold_starts": 2, "evictions": 0}
         metrics = (await client.get("/metrics")).text
-        assert f'envfarm_env_types{{owner="{core.owner}",state="loaded"}} 1.0' in metrics
-        assert f'envfarm_env_cold_starts_total{{owner="{core.owner}"}} 1.0' in metrics
+        assert f'envfarm_env_types{{owner="{core.owner}",state="loaded"}} 2.0' in metrics
+        assert f'envfarm_env_cold_starts_total{{owner="{core.owner}"}} 2.0' in metrics
