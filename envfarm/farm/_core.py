@@ -298,7 +298,8 @@ class FarmCore:
         """This process's part of the status page."""
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
                              pools=self.pool_stats(), window=self.window.snapshot(),
-                             isolation=self.isolation, types=self.registry.counts())
+                             isolation=self.isolation, tenants=self.tenants.status(),
+                             types=self.registry.counts())
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
@@ -390,6 +391,12 @@ class FarmCore:
             raise self._lost(lease, lease.instance.lost)
         lease.touch()
         return lease
+
+    def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
+        """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
+        self._close(lease, f"lease_lost: {why}")
+        return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
+                         "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
 
     def _refused(self, lease_id: str) -> None:
         lease = self.leases.get(lease_id)

@@ -60,6 +60,11 @@ class LocalInstance:
     def tools(self) -> list[ToolSpec]:
         return self.inst.tools
 
+    @property
+    def lock(self):
+        """The instance's lock: held while a call, reset or snapshot runs on it."""
+        return self.inst.lock
+
     async def call(self, tool: str, arguments: Any) -> CallResult:
         return await self.inst.call(tool, arguments)
 

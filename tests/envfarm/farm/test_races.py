@@ -65,7 +65,7 @@ async def test_a_body_that_arrives_after_release_does_not_reach_the_next_lease(
         assert r.json()["status"] == "closed"
         await asyncio.sleep(0.05)  # the instance is reset and free again
         second = (await c.post(f"/envs/{ENV}/leases", json={})).json()
-        assert core.leases[second["lease_id"]].instance is instance
+        assert core.leases[second["lease_id"]].instance.inst is instance.inst  # the same one
         rest.set()
         answer = await pending
         assert answer.status_code == 410, answer.text

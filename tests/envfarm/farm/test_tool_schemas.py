@@ -46,7 +46,7 @@ async def served_tools(catalog, env: str) -> dict[str, dict[str, Any]]:
             "Authorization": f"Bearer {info['token']}"})).json()
     listed = {t["name"]: {"description": t["description"], "inputSchema": t["inputSchema"]}
               for t in r.json()["result"]["tools"]}
-    runtime_tools = {t.name: t.input_schema for t in core.runtimes[env].tools}
+    runtime_tools = {t.name: t.input_schema for t in core.envs[env].tools}
     assert {t["name"]: t["input_schema"] for t in http_tools} == runtime_tools  # exact, on HTTP
     return listed
 
