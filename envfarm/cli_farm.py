@@ -65,6 +65,13 @@ LeasesPerWorkerOpt = Annotated[int, typer.Option(
     "--leases-per-worker", min=1, help="Instances one env worker holds (a crash loses these).")]
 
 
+OnDemandOpt = Annotated[bool | None, typer.Option(
+    "--on-demand/--eager", help="Load env types at their first lease and evict idle ones, or "
+                                "all at start. Default: on demand above 16 types.")]
+HotOpt = Annotated[str | None, typer.Option(
+    "--hot", help="Comma-separated types loaded at start and never evicted (on demand).")]
+EvictIdleOpt = Annotated[float, typer.Option(
+    "--evict-idle", min=1, help="Seconds without a lease before a loaded type is evicted.")]
 TenantsOpt = Annotated[Path | None, typer.Option(
     "--tenants", envvar="ENVFARM_TENANTS",
     help="Tenants file (YAML: name, key_sha256, max_leases, leases_per_s, calls_per_s); "
@@ -75,14 +82,20 @@ ApiKeyOpt = Annotated[list[str] | None, typer.Option(
 KEYS_ENV = "ENVFARM_API_KEYS"
 
 
+def _names(text: str | None) -> list[str] | None:
+    return [e.strip() for e in text.split(",") if e.strip()] if text else None
+
+
 def _config(catalog: Path | None, envs: str | None, warm: int,
             tenants: TenantsConfig | None = None, in_process: bool = False,
-            allow_unconfined: bool = False, leases_per_worker: int = 64) -> FarmConfig:
-    return FarmConfig(catalog=str(catalog) if catalog else None,
-                      envs=[e.strip() for e in envs.split(",") if e.strip()] if envs else None,
+            allow_unconfined: bool = False, leases_per_worker: int = 64,
+            on_demand: bool | None = None, hot: str | None = None,
+            evict_idle_s: float = 300.0) -> FarmConfig:
+    return FarmConfig(catalog=str(catalog) if catalog else None, envs=_names(envs),
                       pool=PoolConfig(warm=warm), tenants=tenants or TenantsConfig(),
                       isolation="in_process" if in_process else "workers",
-                      allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker)
+                      allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker,
+                      on_demand=on_demand, hot=_names(hot) or [], evict_idle_s=evict_idle_s)
 
 
 def is_loopback(host: str) -> bool:
@@ -163,6 +176,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
                                    "each replica's log file; off by default.")] = False,
           in_process: InProcessOpt = False, allow_unconfined: UnconfinedOpt = False,
           leases_per_worker: LeasesPerWorkerOpt = 64,
+          on_demand: OnDemandOpt = None, hot: HotOpt = None, evict_idle: EvictIdleOpt = 300.0,
           tenants: TenantsOpt = None, api_key: ApiKeyOpt = None,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
@@ -171,7 +185,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
     try:
         tenant_config = tenants_config(tenants, api_key, host)
         config = _config(catalog, envs, warm, tenant_config, in_process, allow_unconfined,
-                         leases_per_worker)
+                         leases_per_worker, on_demand, hot, evict_idle)
         if write_config is None:
             _say_who_may_lease(tenant_config)
         if write_config is not None:
@@ -189,9 +203,11 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
 def _serve_local(config: FarmConfig, host: str, port: int) -> None:
     core = compose_core(config)
     free = sum(s.free for s in core.pool_stats())
+    types = core.registry.counts()
     console.print(f"envfarm (no Ray) listening on http://{host}:{port} — "
-                  f"{len(core.envs)} envs, {free} instances ready; env code: {core.isolation}; "
-                  "Ctrl-C to stop")
+                  f"{types.types} envs ({types.loaded} loaded"
+                  f"{', the rest on demand' if core.registry.on_demand else ''}), "
+                  f"{free} instances ready; env code: {core.isolation}; Ctrl-C to stop")
     for problem in core.problems:
         console.print(f"[yellow]not served:[/yellow] {problem}")
     make_server(core, host, port).run()  # uvicorn handles Ctrl-C and shuts down cleanly
@@ -262,7 +278,7 @@ def _start_serve(config: FarmConfig, options: Any, address: str | None = None
 def _pick_task(config: FarmConfig, env: str | None, task_idx: int | None
                ) -> tuple[str, int, list[Any], str | None]:
     """(env, task, reference solution, stored reference final answer) of the demo episode."""
-    catalog = load_catalog(config.catalog)
+    catalog = load_catalog(config.catalog, check_code=False)
     names = [env] if env else catalog.servable
     for name in names:
         bundle = catalog[name]

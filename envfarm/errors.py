@@ -5,6 +5,7 @@
     ├── ConfigError                  a farm setting (tenants file, API keys) is invalid
     ├── EnvNotFound                  no environment of that name            404
     ├── EnvLoadError                 an environment's code/schema/data is broken
+    │   └── EnvBroken                an on-demand env that failed its first load  500
     ├── ToolCallError                a tool call did not produce a result
     │   ├── AgentError               the agent's fault: unknown tool, bad arguments, 4xx
     │   └── EnvCallError             the environment's fault: exception, 5xx, timeout
@@ -44,6 +45,7 @@ __all__ = [
     "CatalogError",
     "ConfigError",
     "ConfinementUnavailable",
+    "EnvBroken",
     "EnvCallError",
     "EnvLoadError",
     "EnvNotFound",
@@ -143,6 +145,11 @@ class EnvLoadError(EnvfarmError):
 
     kind = ErrorKind.env_error
     status_code = 500
+
+
+class EnvBroken(EnvLoadError):
+    """An on-demand env type failed to load at its first use; it stays marked broken (every
+    other type keeps serving)."""
 
 
 class ToolCallError(EnvfarmError):
@@ -309,8 +316,8 @@ def _jsonable(value: Any) -> bool:
 HTTP_STATUS: dict[type[EnvfarmError], int] = {
     cls: cls.status_code
     for cls in (
-        CatalogError, ConfigError, EnvNotFound, EnvLoadError, AgentError, EnvCallError,
-        LeaseError, BadRequest, MalformedJSON,
+        CatalogError, ConfigError, EnvNotFound, EnvLoadError, EnvBroken, AgentError,
+        EnvCallError, LeaseError, BadRequest, MalformedJSON,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
         LeaseGone, PoolExhausted, FarmNotReady, KeyMissing, KeyInvalid, QuotaExceeded,
         ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,

@@ -92,6 +92,31 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class EnvState(str, Enum):
+    """Where an env type stands in one process (on-demand farms load types at first use)."""
+
+    loaded = "loaded"
+    loading = "loading"
+    cold = "cold"
+    broken = "broken"
+
+
+class TypeCounts(_Wire):
+    """Env types of one process (or of the farm, summed), and their churn."""
+
+    types: int = Field(default=0, description="Types served (addressable).")
+    loaded: int = Field(default=0, description="Types whose workers are running.")
+    loading: int = Field(default=0, description="Types being cold-started.")
+    cold: int = Field(default=0, description="Types that cost nothing until leased.")
+    broken: int = Field(default=0, description="Types that failed to load (skipped).")
+    cold_starts: int = Field(default=0, description="Loads at first use since start.")
+    evictions: int = Field(default=0, description="Idle types unloaded since start.")
+
+    def __add__(self, other: TypeCounts) -> TypeCounts:
+        return TypeCounts(**{k: getattr(self, k) + getattr(other, k)
+                             for k in type(self).model_fields})
+
+
 class EnvSummary(_Wire):
     """One environment in the catalog listing."""
 
@@ -101,11 +126,14 @@ class EnvSummary(_Wire):
     verified_tasks: list[int] = Field(default_factory=list,
                                       description="Task indexes with a code-mode verifier.")
     served: bool = Field(description="Whether this farm serves leases of the env.")
+    state: EnvState | None = Field(default=None, description=(
+        "In the process that answered: loaded, loading, cold (loads at its first lease) or "
+        "broken; None when not served."))
 
     @classmethod
-    def of(cls, bundle: EnvBundle, served: bool) -> EnvSummary:
+    def of(cls, bundle: EnvBundle, served: bool, state: EnvState | None = None) -> EnvSummary:
         return cls(name=bundle.name, description=bundle.description, tasks=len(bundle.tasks),
-                   verified_tasks=sorted(bundle.code_verifiers), served=served)
+                   verified_tasks=sorted(bundle.code_verifiers), served=served, state=state)
 
 
 class EnvDetail(EnvSummary):

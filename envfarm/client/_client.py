@@ -117,6 +117,12 @@ class Farm:
     async def env(self, name: str) -> EnvDetail:
         return EnvDetail.model_validate(await self._json("GET", f"/envs/{name}", safe=True))
 
+    async def warm(self, *names: str) -> list[EnvDetail]:
+        """Load these envs now (on-demand farms), so their first leases skip the cold start;
+        an env that fails to load raises ``EnvBroken``."""
+        return [EnvDetail.model_validate(await self._json("POST", f"/envs/{n}/warm", safe=True))
+                for n in names]
+
     async def healthz(self) -> dict[str, Any]:
         return await self._json("GET", "/healthz", safe=True)
 

@@ -47,6 +47,9 @@ class SyncFarm:
     def env(self, name: str) -> EnvDetail:
         return self._run(self._farm.env(name))
 
+    def warm(self, *names: str) -> list[EnvDetail]:
+        return self._run(self._farm.warm(*names))
+
     def acquire(self, env: str, **kw: Any) -> SyncLease:
         return SyncLease(self, self._run(self._farm.acquire(env, **kw)))
 

@@ -125,6 +125,12 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
     async def get_env(env: EnvName) -> EnvDetail:
         return core.detail(env)
 
+    @app.post("/envs/{env}/warm", response_model=EnvDetail, tags=["catalog"],
+              responses={404: _ERRORS[404], 500: {"model": ErrorBody}})
+    async def warm_env(env: EnvName) -> EnvDetail:
+        """Load the env now (on-demand farms): its first lease then skips the cold start."""
+        return await core.warm(env)
+
     create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 413, 422, 429, 503)}
 
     @app.post("/envs/{env}/leases", response_model=LeaseInfo, status_code=201, tags=["leases"],

@@ -10,6 +10,10 @@ from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 
 
+#: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
+ON_DEMAND_ABOVE = 16
+
+
 class PoolConfig(BaseModel):
     """Sizing of one env's instance pool (per process or per replica)."""
 
@@ -71,6 +75,17 @@ class FarmConfig(BaseModel):
     allow_unconfined: bool = Field(default=False, description=(
         "Serve through workers even where the kernel cannot confine them (no seccomp or "
         "landlock): only for catalogs you trust; the status page says UNCONFINED."))
+    on_demand: bool | None = Field(default=None, description=(
+        "Load an env type at its first lease (or warm-up) instead of at start, and evict it "
+        "after evict_idle_s without leases. None: on when more than 16 types are served."))
+    hot: list[str] = Field(default_factory=list, description=(
+        "Types loaded at start and never evicted (on-demand farms): the ones a trainer is "
+        "about to use."))
+    evict_idle_s: float = Field(default=300.0, gt=0, description=(
+        "An on-demand type with no lease for this long is evicted: its workers stop."))
+    spare_workers: int | None = Field(default=None, ge=0, le=64, description=(
+        "Env workers started ahead of need (imports done, jailed, no env yet): a cold start "
+        "or a new worker takes one and only loads code. None: 2 on on-demand farms, else 0."))
     tenants: TenantsConfig = Field(default_factory=TenantsConfig,
                                    description="API keys (hashed) and per-tenant quotas.")
     public_url: str | None = Field(default=None, description=(
@@ -83,6 +98,9 @@ class FarmConfig(BaseModel):
     fast_paths: bool = Field(default=True, description=(
         "Answer plain one-call HTTP /call and MCP tools/call requests without the frameworks "
         "(same answers); False sends every request through FastAPI/FastMCP (A/B benchmarks)."))
+
+    def loads_on_demand(self, types: int) -> bool:
+        return self.on_demand if self.on_demand is not None else types > ON_DEMAND_ABOVE
 
     def pool_for(self, env: str) -> PoolConfig:
         return self.pools.get(env, self.pool)

@@ -9,6 +9,7 @@ request that reaches another owner means the owner is gone, and gets 410, never 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
@@ -34,6 +35,7 @@ from envfarm.errors import (
 from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
 from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
 from envfarm.farm._status import ReplicaStatus
@@ -42,7 +44,6 @@ from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
 from envfarm.verdict import EpisodeContext, EpisodeVerifier, Outcome, Verdict
-from envfarm.worker import WorkerEnv, WorkerLost, WorkerOptions, WorkerStartError
 from envfarm.wire import (
     BatchError,
     BatchItem,
@@ -60,6 +61,13 @@ from envfarm.wire import (
     new_lease_id,
     new_owner_tag,
     owner_of,
+)
+from envfarm.worker import (
+    SpareWorkers,
+    WorkerEnv,
+    WorkerLost,
+    WorkerOptions,
+    WorkerStartError,
 )
 
 log = logging.getLogger("envfarm.farm")
@@ -110,53 +118,86 @@ class FarmCore:
         self.owner = owner or new_owner_tag()
         if "-" in self.owner:
             raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
-        self.catalog = catalog or load_catalog(config.catalog)
+        self.catalog = catalog or load_catalog(config.catalog, check_code=False)
         self.problems: list[str] = []
         self.isolation, self._workers = _isolation(config)
+        #: The loaded envs (all served envs, unless types load on demand: see ``registry``).
         self.envs: dict[str, ServedEnv] = {}
+        self._runtimes = runtimes or {}
+        #: code sha256 -> the module-state probe's verdict: a type loaded again (after an
+        #: eviction, or a clone under another name) skips the probe.
+        self._module_state: dict[str, list[str]] = {}
         names = self._envs_to_serve()
+        on_demand = config.loads_on_demand(len(names))
+        spares = config.spare_workers if config.spare_workers is not None else 2 * on_demand
+        self._spares = (SpareWorkers(self._workers.worker_config(), spares,
+                                     stderr=self._workers.stderr)
+                        if self._workers is not None and spares else None)
+        hot = [normalize_name(n) for n in config.hot]
+        for name in hot:
+            if name not in names:
+                raise EnvNotFound(f"hot env {name!r} is not served here", env=name)
         with ThreadPoolExecutor(max_workers=max(1, min(4, len(names))),
                                 thread_name_prefix="envfarm-load") as pool:
-            loading = {name: pool.submit(self._serve_env, name, runtimes or {})
-                       for name in names}
+            loading = {name: pool.submit(self._serve_env, name)
+                       for name in (hot if on_demand else names)}
         for name, future in loading.items():
             try:
                 self.envs[name] = future.result()
             except EnvLoadError as exc:
-                if config.envs is not None:
+                if config.envs is not None or name in hot:
                     self._close_envs_now()
                     raise  # asked for by name: fail loudly
                 self.problems.append(f"{name}: {exc.message}")
                 log.warning("not serving %s: %s", name, exc.message)
-        #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas)
+        #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas);
+        #: an on-demand type's are added when it loads (``_serve_env``)
         self.tool_specs = {name: render_tools(served, config.tool_schemas)
                            for name, served in self.envs.items()}
+        self.registry = EnvRegistry(
+            [n for n in names if n in self.envs or on_demand], self._cold_load,
+            loaded=self.envs, on_demand=on_demand, hot=hot, evict_idle_s=config.evict_idle_s,
+            problems=self.problems)
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = _LazyVerifier(verifier)
-        self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases))
+        self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
+                                   self.registry.counts)
         self.tenants = Tenants(config.tenants)
         self.metrics.registry.register(TenantCollector(self.owner, self.tenants))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
-    def _serve_env(self, name: str, runtimes: dict[str, EnvRuntime]) -> ServedEnv:
+    def _serve_env(self, name: str) -> ServedEnv:
+        """Load one env (blocking: at start, or in a cold-start thread)."""
         bundle, pool = self.catalog[name], self.config.pool_for(name)
-        if name in runtimes or self._workers is None:
-            runtime = runtimes.get(name) or EnvRuntime(
+        if name in self._runtimes or self._workers is None:
+            runtime = self._runtimes.get(name) or EnvRuntime(
                 bundle, call_timeout_s=self.config.call_timeout_s)
             return LocalEnv(runtime, pool)
+        code_hash = hashlib.sha256((bundle.code or "").encode()).hexdigest()
         try:
-            return WorkerEnv(bundle, self._workers, warm=pool.warm,
-                             max_instances=pool.max_instances)
+            served = WorkerEnv(bundle, self._workers, warm=pool.warm,
+                               max_instances=pool.max_instances,
+                               module_state=self._module_state.get(code_hash),
+                               spares=self._spares)
         except WorkerStartError as exc:
             raise EnvLoadError(str(exc), env=name) from None
+        self._module_state[code_hash] = served.module_state
+        return served
+
+    def _cold_load(self, name: str) -> ServedEnv:
+        served = self._serve_env(name)
+        self.tool_specs[name] = render_tools(served, self.config.tool_schemas)
+        return served
 
     def _close_envs_now(self) -> None:
         for served in self.envs.values():
             if isinstance(served, WorkerEnv):
                 served.kill_all("farm failed to start")
+        if self._spares is not None:
+            self._spares.close()
 
     def _envs_to_serve(self) -> list[str]:
         if self.config.envs is None:
@@ -179,14 +220,16 @@ class FarmCore:
             self._reaper = None
         for lease in list(self.leases.values()):
             self._close(lease, "farm shut down")
-        for served in self.envs.values():
-            await served.aclose()
+        await self.registry.aclose()
+        if self._spares is not None:
+            self._spares.close()
         await self.verifier.aclose()
 
     async def _reap_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.leases.reap_interval_s)
             self.reap()
+            await self.registry.evict_idle()
 
     def reap(self, now_wall: float | None = None, now_mono: float | None = None) -> int:
         """Close expired and idle leases; returns how many."""
@@ -205,13 +248,16 @@ class FarmCore:
 
     # -- catalog --------------------------------------------------------------------------------
     def env_names(self) -> list[str]:
-        return sorted(self.envs)
+        """Every env this process serves, loaded or not."""
+        return sorted(self.registry.names)
 
     def summaries(self) -> list[EnvSummary]:
         return [self._summary(name) for name in self.catalog.names]
 
     def _summary(self, name: str) -> EnvSummary:
-        return EnvSummary.of(self.catalog[name], served=name in self.envs)
+        served = name in self.registry.names
+        return EnvSummary.of(self.catalog[name], served=served,
+                             state=self.registry.state(name) if served else None)
 
     def detail(self, env: str) -> EnvDetail:
         name = normalize_name(env)
@@ -221,14 +267,22 @@ class FarmCore:
                          tools=served.tools if served else [],
                          pool=served.pool_stats() if served else None)
 
-    def served(self, env: str) -> ServedEnv:
+    def served_name(self, env: str) -> str:
+        """The normalized name of an env this process serves (EnvNotFound otherwise)."""
         name = normalize_name(env)
-        if name not in self.envs:
+        if name not in self.registry.names:
             if name in self.catalog:
+                names = self.env_names()
                 raise EnvNotFound(f"env {name!r} is in the catalog but not served here "
-                                  f"(served: {', '.join(self.env_names())})", env=env)
+                                  f"({len(names)} served: {', '.join(names[:20])})", env=env)
             self.catalog[name]  # raises EnvNotFound with the known names
-        return self.envs[name]
+        return name
+
+    async def warm(self, env: str) -> EnvDetail:
+        """Load an env now (a trainer about to use it spares its first lease the cold start)."""
+        name = self.served_name(env)
+        await self.registry.get(name)
+        return self.detail(name)
 
     def pool_stats(self) -> list[PoolStats]:
         return [served.pool_stats() for served in self.envs.values()]
@@ -244,14 +298,15 @@ class FarmCore:
         """This process's part of the status page."""
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
                              pools=self.pool_stats(), window=self.window.snapshot(),
-                             isolation=self.isolation, tenants=self.tenants.status())
+                             isolation=self.isolation, tenants=self.tenants.status(),
+                             types=self.registry.counts())
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
                            key: str | None = None) -> LeaseInfo:
         """``key``: the caller's farm API key."""
         tenant = self.tenants.identify(key)
-        name = self.served(env).name  # unknown env: 404 before any quota is used
+        name = self.served_name(env)  # unknown env: 404 before any quota is used
         known = self._idempotent.get((tenant, name, req.idempotency_key or ""))
         if known is not None and known in self.leases:  # a repeat: no quota used
             return self._info(self.leases[known], mcp_prefix)
@@ -269,7 +324,7 @@ class FarmCore:
         """``count`` leases at once (idempotency keys get ``-<i>`` suffixes), admitted by the
         tenant's quota all together or not at all."""
         tenant = self.tenants.identify(key)
-        name = self.served(env).name
+        name = self.served_name(env)
         keys = [None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
                 for i in range(count)]
         fresh = sum(k is None or self._idempotent.get((tenant, name, k)) not in self.leases
@@ -291,19 +346,23 @@ class FarmCore:
         """A lease for an admitted request: (its info, whether it is new); an idempotent
         repeat gets the lease its key made."""
         started = time.perf_counter()
-        served = self.served(env)
-        name = served.name
+        name = self.served_name(env)
         if req.idempotency_key is not None:
             known = self._idempotent.get((tenant, name, req.idempotency_key))
             if known is not None and known in self.leases:
                 return self._info(self.leases[known], mcp_prefix), False
-        tasks = served.bundle.tasks
+        tasks = self.catalog[name].tasks
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
-        instance = await served.acquire()
+        self.registry.pin(name)  # not evicted while this lease is being made
+        try:
+            served = await self.registry.get(name)
+            instance = await served.acquire()
+        finally:
+            self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
             known = self._idempotent.get((tenant, name, req.idempotency_key))
             if known is not None and known in self.leases:
@@ -411,6 +470,7 @@ class FarmCore:
         while len(self._closed) > self.config.leases.tombstones:
             self._closed.popitem(last=False)
         self.envs[lease.env].release(lease.instance)
+        self.registry.touch(lease.env)
         self.metrics.lease_events.labels(lease.env, why.split(" ")[0]).inc()
 
     # -- per-lease operations -------------------------------------------------------------------

@@ -14,8 +14,11 @@ from envfarm.farm._core import FarmCore
 
 
 def make_server(core: FarmCore, host: str = "127.0.0.1", port: int = 8000) -> uvicorn.Server:
+    # Keep-alive well past the SDK's 3 s pool expiry: with uvicorn's 5 s, a starved client (a
+    # loaded machine, a long cold start) reused connections the server was closing (ReadError).
     config = uvicorn.Config(build_app(core), host=host, port=port, log_level="warning",
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                            timeout_keep_alive=30)
     return uvicorn.Server(config)
 
 

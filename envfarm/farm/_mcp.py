@@ -10,6 +10,7 @@ transport, dispatcher and middleware cost more than the tool itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -64,17 +65,46 @@ class LeaseMCP:
         self.core = core
         self.fast_path = fast_path
         self.fast_calls = 0  # tools/call answered without FastMCP (tests, operators)
-        self.tools = {env: {t.name: t for t in specs} for env, specs in core.tool_specs.items()}
+        self.tools: dict[str, dict[str, ToolSpec]] = {}
         self.server_info: dict[str, dict[str, str]] = {}
         self.apps: dict[str, ASGIApp] = {}
         self._lifespans: list[Any] = []
-        for env, specs in core.tool_specs.items():
-            server = _server(env, specs)
-            self.server_info[env] = {"name": server.name, "version": str(server.version)}
-            app = server.http_app(
-                path="/", stateless_http=True, json_response=True, host_origin_protection=False)
-            self.apps[env] = app
-            self._lifespans.append(app)
+        for env in core.tool_specs:
+            self._lifespans.append(self._add(env))
+        # Types loaded on demand get their MCP app at their first MCP request: its session
+        # manager then runs in a task of its own until the farm stops.
+        self._late: dict[str, asyncio.Task[None]] = {}
+        self._started: dict[str, asyncio.Event] = {}
+        self._stop = asyncio.Event()
+
+    def _add(self, env: str) -> Any:
+        specs = self.core.tool_specs[env]
+        self.tools[env] = {t.name: t for t in specs}
+        server = _server(env, specs)
+        self.server_info[env] = {"name": server.name, "version": str(server.version)}
+        app = server.http_app(
+            path="/", stateless_http=True, json_response=True, host_origin_protection=False)
+        self.apps[env] = app
+        return app
+
+    async def _app_for(self, env: str) -> ASGIApp:
+        if env not in self.apps:
+            app = self._add(env)
+            self._started[env] = started = asyncio.Event()
+
+            async def hold() -> None:
+                async with app.router.lifespan_context(app):
+                    started.set()
+                    await self._stop.wait()
+
+            self._late[env] = asyncio.create_task(hold(), name=f"envfarm-mcp-{env}")
+        task, started = self._late.get(env), self._started.get(env)
+        if task is not None and not started.is_set():  # concurrent first requests all wait
+            await asyncio.wait([task, asyncio.ensure_future(started.wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                task.result()
+        return self.apps[env]
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -82,7 +112,11 @@ class LeaseMCP:
         async with AsyncExitStack() as stack:
             for app in self._lifespans:
                 await stack.enter_async_context(app.router.lifespan_context(app))
-            yield
+            try:
+                yield
+            finally:
+                self._stop.set()
+                await asyncio.gather(*self._late.values(), return_exceptions=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope.get("path_params", {})
@@ -103,6 +137,8 @@ class LeaseMCP:
             await error_response(exc)(scope, receive, send)
             return
         lease.agent_requests += 1
+        if lease.env not in self.tools:  # a type loaded on demand since the farm started
+            await self._app_for(lease.env)
         if body is not None:
             if self.fast_path:
                 call = mcp_tools_call(scope, body, self.tools[lease.env])
@@ -123,7 +159,7 @@ class LeaseMCP:
         inner["path"] = "/"
         inner["raw_path"] = b"/"
         inner["root_path"] = ""
-        await self.apps[lease.env](inner, receive, send)
+        await (await self._app_for(lease.env))(inner, receive, send)
 
     def _token(self, scope: Scope, lease_id: str) -> str | None:
         """The bearer token, or the lease's own token when the path holds its MCP credential

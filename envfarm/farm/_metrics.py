@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from envfarm.wire import PoolStats
+from envfarm.wire import PoolStats, TypeCounts
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -17,10 +17,11 @@ class _PoolCollector(Collector):
     """Gauges read at scrape time, so they can never drift from the pools."""
 
     def __init__(self, owner: str, pools: Callable[[], list[PoolStats]],
-                 leases: Callable[[], int]) -> None:
+                 leases: Callable[[], int], types: Callable[[], TypeCounts]) -> None:
         self.owner = owner
         self.pools = pools
         self.leases = leases
+        self.types = types
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         active = GaugeMetricFamily("envfarm_leases_active", "Leases currently held.",
@@ -34,13 +35,26 @@ class _PoolCollector(Collector):
             for name, fam in fams.items():
                 fam.add_metric([self.owner, st.env], getattr(st, name))
         yield from fams.values()
+        types = self.types()
+        states = GaugeMetricFamily("envfarm_env_types", "Env types served, by state "
+                                   "(on-demand farms load a type at its first lease).",
+                                   labels=["owner", "state"])
+        for state in ("loaded", "loading", "cold", "broken"):
+            states.add_metric([self.owner, state], getattr(types, state))
+        yield states
+        for name, what in (("cold_starts", "Env types loaded at first use."),
+                           ("evictions", "Idle env types unloaded (workers stopped).")):
+            counter = CounterMetricFamily(f"envfarm_env_{name}", what, labels=["owner"])
+            counter.add_metric([self.owner], getattr(types, name))
+            yield counter
 
 
 class FarmMetrics:
     def __init__(self, owner: str, pools: Callable[[], list[PoolStats]],
-                 leases: Callable[[], int]) -> None:
+                 leases: Callable[[], int], types: Callable[[], TypeCounts] = TypeCounts
+                 ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_PoolCollector(owner, pools, leases))
+        self.registry.register(_PoolCollector(owner, pools, leases, types))
         self.calls = Counter("envfarm_calls", "Tool calls by outcome.",
                              ["env", "outcome"], registry=self.registry)
         self.call_latency = Histogram("envfarm_call_latency_seconds", "Tool call latency.",

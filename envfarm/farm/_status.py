@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envfarm.farm._window import WindowStats, add_counts, quantile
 from envfarm.verdict import reward_for
-from envfarm.wire import PoolStats
+from envfarm.wire import PoolStats, TypeCounts
 
 _CALL_ERRORS = ("agent_error", "env_error")
 
@@ -37,6 +37,8 @@ class ReplicaStatus(_Model):
     pools: list[PoolStats]
     window: dict[str, WindowStats] = Field(description="env -> the last seconds' activity.")
     isolation: str = Field(default="", description="Where its env code runs (confined or not).")
+    types: TypeCounts = Field(default_factory=TypeCounts,
+                              description="Its env types: loaded, cold, broken, churn.")
     tenants: dict[str, TenantUsage] = Field(default_factory=dict,
                                             description="tenant -> its use of this process.")
 
@@ -97,6 +99,9 @@ class FarmStatus(_Model):
     replicas: list[ReplicaInfo]
     unreachable: int = Field(default=0, description="Replicas that did not answer.")
     envs: list[EnvStatus]
+    types: TypeCounts = Field(default_factory=TypeCounts, description=(
+        "Env types summed over the replicas that answered (a type served by two replicas "
+        "counts twice)."))
     tenants: list[TenantStatus] = Field(default_factory=list)
     open: bool | None = Field(default=None, description=(
         "Leases may be created without an API key (a loopback dev farm)."))
@@ -145,6 +150,7 @@ def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, 
                       leases=sum(r.leases for r in replicas),
                       calls_per_s=round(sum(e.calls_per_s for e in rows), 3),
                       replicas=infos, unreachable=unreachable, envs=rows,
+                      types=sum((r.types for r in replicas), TypeCounts()),
                       tenants=_tenants(replicas), open=open_farm, ready=ready)
 
 

@@ -35,9 +35,13 @@ class AppPlan:
 def plan(config: FarmConfig, options: ServeOptions, catalog: Catalog | None = None
          ) -> list[AppPlan]:
     """Which envs go to which application (pure: no Ray needed)."""
-    catalog = catalog or load_catalog(config.catalog)
+    catalog = catalog or load_catalog(config.catalog, check_code=False)
     envs = config.envs if config.envs is not None else catalog.servable
     envs = [catalog[e].name for e in envs]
+    if options.pack == 1 and config.loads_on_demand(len(envs)):
+        # Many types load on demand: their code lives in workers, so one deployment holds
+        # them all (a Serve application per type costs ~84 MiB and 1-2 s to start).
+        return [AppPlan(name="pack-0", envs=envs, route_prefix=None, options=options.deployment)]
     if options.pack == 1:
         return [AppPlan(name=f"{OWN_APP_PREFIX}{e}", envs=[e], route_prefix=f"/envs/{e}",
                         options=options.for_env(e)) for e in envs]

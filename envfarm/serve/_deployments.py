@@ -175,7 +175,7 @@ class Front:
                  replicas: dict[str, int]) -> None:
         """``deployments``: env -> [app_name, deployment_name]; ``replicas``: app -> count."""
         self.config = FarmConfig.model_validate(config)
-        self.catalog = load_catalog(self.config.catalog)
+        self.catalog = load_catalog(self.config.catalog, check_code=False)
         self.routes = {env: tuple(where) for env, where in deployments.items()}
         self.replicas = replicas
         self._handles: dict[tuple[str, str], Any] = {}

@@ -52,7 +52,7 @@ def front_app(args: dict[str, Any]) -> Application:
 
 def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
     """The farm as a Serve config file (the ``serveConfigV2`` of a RayService)."""
-    plans = plan(config, options, load_catalog(config.catalog))
+    plans = plan(config, options, load_catalog(config.catalog, check_code=False))
     apps: list[dict[str, Any]] = []
     for p in plans:
         app: dict[str, Any] = {

@@ -7,9 +7,11 @@ worker processes it spawns, confines (``envfarm.jail``) and supervises over a fr
 
 from envfarm.worker._env import RemoteInstance, WorkerEnv, WorkerOptions
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
+from envfarm.worker._spares import SpareWorkers
 
 __all__ = [
     "RemoteInstance",
+    "SpareWorkers",
     "WorkerEnv",
     "WorkerLost",
     "WorkerOptions",

@@ -20,6 +20,7 @@ from envfarm.errors import PoolExhausted
 from envfarm.models import CallResult, EnvBundle, ToolSpec
 from envfarm.wire import PoolStats
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
+from envfarm.worker._spares import SpareWorkers
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 log = logging.getLogger("envfarm.worker")
@@ -55,15 +56,20 @@ class WorkerEnv:
     isolation = "workers"
 
     def __init__(self, bundle: EnvBundle, options: WorkerOptions, *, warm: int = 8,
-                 max_instances: int = 4096) -> None:
-        """Starts the first worker and loads the env in it (blocking; WorkerStartError)."""
+                 max_instances: int = 4096, module_state: list[str] | None = None,
+                 spares: SpareWorkers | None = None) -> None:
+        """Starts the first worker and loads the env in it (blocking; WorkerStartError).
+        ``module_state``: the probe's verdict on this code from an earlier load (the probe
+        is then skipped). ``spares``: started workers to take instead of spawning."""
         self.bundle = bundle
         self.name = bundle.name
         self.options = options
         self.warm = warm
         self.max_instances = max_instances
         self.per_lease = False
-        first, reply, self.template = self._spawn(probe=options.probe_module_state)
+        self.spares = spares
+        probe = options.probe_module_state and module_state is None
+        first, reply, self.template = self._spawn(probe=probe)
         self.tools = [ToolSpec.model_validate(t) for t in reply.get("tools", [])]
         self.problems = [str(p) for p in reply.get("problems", [])]
         openapi = reply.get("openapi")
@@ -71,7 +77,10 @@ class WorkerEnv:
         self.build_seconds = float(reply.get("build_s", 0.0))
         self.tables, self.rows = int(reply.get("tables", 0)), int(reply.get("rows", 0))
         #: Globals that tool calls change: leases would see each other through them.
-        self.module_state = [str(n) for n in reply.get("module_state", [])]
+        self.module_state = (list(module_state) if module_state is not None
+                             else [str(n) for n in reply.get("module_state", [])])
+        #: Whether the probe ran in this load (False: skipped or its verdict was known).
+        self.probed = probe
         self.workers: list[WorkerProcess] = [first]
         if self.module_state:
             self.per_lease = True
@@ -85,7 +94,8 @@ class WorkerEnv:
         self.started = 1  # workers started over this env's life (replacements included)
 
     def _spawn(self, probe: bool = False) -> tuple[WorkerProcess, dict[str, Any], bytes]:
-        worker = WorkerProcess(self.options.worker_config(), stderr=self.options.stderr)
+        worker = (self.spares.take() if self.spares is not None
+                  else WorkerProcess(self.options.worker_config(), stderr=self.options.stderr))
         load = {"op": "load", "bundle": self.bundle.model_dump(
                     mode="json", include={"name", "code", "db_schema", "sample_data",
                                           "api_spec"}),

@@ -94,6 +94,8 @@ def test_status_page_shows_the_farm_and_follows_a_burst_of_calls(browser, bundle
             assert rows[BUNDLED[1]]["agent_error"] == "0.0 %"
             assert float(browser.find_element("id", "total-calls").text) > 0
             assert browser.find_element("id", "total-leases").text == "3"
+            # three types, loaded at start (on-demand loading begins above 16)
+            assert browser.find_element("id", "types").text == "3 / 0 / 0"
             owner = leases[BUNDLED[0]].lease_id.split("-")[0]
             assert browser.find_elements("css selector", f"tr[data-owner='{owner}']")
             shot = os.environ.get("ENVFARM_STATUS_SCREENSHOT")

@@ -23,6 +23,15 @@ def test_one_app_per_env_or_packs(bundled_catalog):
         ServeOptions(pack=2, per_env={"x": {"num_replicas": 2}})
 
 
+def test_on_demand_types_share_one_deployment(bundled_catalog):
+    """Types loaded on demand keep their code in workers: one deployment holds them all
+    (not an application each); an explicit --pack still wins."""
+    config = FarmConfig(on_demand=True)
+    apps = plan(config, ServeOptions(), bundled_catalog)
+    assert [(a.envs, a.route_prefix) for a in apps] == [(bundled_catalog.servable, None)]
+    assert [len(a.envs) for a in plan(config, ServeOptions(pack=2), bundled_catalog)] == [2, 1]
+
+
 def test_owner_from_path():
     assert owner_from_path("/envs/a/leases/abc123-00ff/call") == "abc123"
     assert owner_from_path("/envs/a/leases/abc123-00ff") == "abc123"

@@ -1,0 +1,232 @@
+"""AWM-1K scale on one node: a farm of 1,000 env types loaded on demand (issue 26's targets).
+
+Starts ``envfarm serve --no-ray`` (jailed env workers) on a generated 1,000-type catalog
+(``make_catalog_1k.py``, one type broken on purpose) and measures, over HTTP:
+
+- ready: seconds from the process start to ``/healthz`` answering (target <= 60 s);
+- first lease of a cold type (cold start: a spare worker loads the code) and of a warm one
+  (p50 targets 2 s and 2 ms), the probe's share (first clone of a code vs later clones);
+- a trainer-like loop: ``--steps`` steps, each 16 leases x 64 types never used before
+  (1,024 leases), one tool call per lease, all released; 0 errors expected; total PSS of the
+  farm and every worker at the step's peak (target <= 8 GiB); between steps a pause as long
+  as the eviction idle time (a trainer trains between rollout phases);
+- memory after eviction (idle types' workers stopped).
+
+    unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_on_demand.py'
+        [--types 1000] [--steps 3] [--step-types 64] [--per-type 16] [--source AWM_FOLDER]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_boundary import pss_mib
+from benchmarks.make_catalog_1k import make_catalog
+
+OUT = REPO / "benchmarks" / "results" / "on_demand.json"
+
+
+def _p50_ms(values: list[float]) -> float | None:
+    return round(statistics.median(values) * 1000, 2) if values else None
+
+
+async def _lease(client, env: str) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    r = await client.post(f"/envs/{env}/leases", json={})
+    elapsed = time.perf_counter() - t0
+    r.raise_for_status()
+    return elapsed, r.json()
+
+
+async def _release(client, info: dict) -> None:
+    r = await client.delete(f"/envs/{info['env']}/leases/{info['lease_id']}",
+                            headers={"Authorization": f"Bearer {info['token']}"})
+    r.raise_for_status()
+
+
+async def first_leases(client, envs: list[str], bases_seen: set[str]) -> dict[str, Any]:
+    """One cold then one warm lease per type, one type at a time."""
+    probed, cached, warm = [], [], []
+    for env in envs:
+        cold_s, a = await _lease(client, env)
+        base = env.split("__c")[0]
+        (cached if base in bases_seen else probed).append(cold_s)
+        bases_seen.add(base)
+        warm_s, b = await _lease(client, env)
+        warm.append(warm_s)
+        for info in (a, b):
+            await _release(client, info)
+    return {"cold_p50_ms": _p50_ms(probed + cached), "cold_probed_p50_ms": _p50_ms(probed),
+            "cold_probe_cached_p50_ms": _p50_ms(cached), "warm_p50_ms": _p50_ms(warm),
+            "cold_n": len(probed + cached)}
+
+
+async def step(client, envs: list[str], per_type: int, farm_pid: int) -> dict[str, Any]:
+    """``per_type`` leases of each env, one tool call on each, all released."""
+    errors: list[str] = []
+    gate = asyncio.Semaphore(64)  # concurrent requests, as a trainer's rollout workers
+
+    async def one(env: str) -> dict | None:
+        async with gate:
+            try:
+                _, info = await _lease(client, env)
+                auth = {"Authorization": f"Bearer {info['token']}"}
+                path = f"/envs/{env}/leases/{info['lease_id']}"
+                tools = (await client.get(path + "/tools", headers=auth)).json()
+                r = await client.post(path + "/call", headers=auth,
+                                      json={"tool": tools[0]["name"], "arguments": {}})
+                body = r.json()
+                if r.status_code != 200 or not (body["ok"] or body["error"]["kind"]
+                                                == "agent_error"):
+                    errors.append(f"{env}: call {r.status_code} {r.text[:200]}")
+                return info
+            except Exception as exc:  # noqa: BLE001 - each one is counted: the target is 0
+                errors.append(f"{env}: {type(exc).__name__} {str(exc)[:200]}")
+                return None
+
+    t0 = time.perf_counter()
+    held = await asyncio.gather(*(one(e) for e in envs for _ in range(per_type)))
+    leased_s = time.perf_counter() - t0
+    peak = pss_mib(farm_pid)
+    for info in held:
+        if info is not None:
+            await _release(client, info)
+    return {"types": len(envs), "leases": len(envs) * per_type,
+            "ok_leases": sum(i is not None for i in held), "errors": len(errors),
+            "first_errors": errors[:5], "lease_and_call_all_s": round(leased_s, 1),
+            "pss_mib_peak": peak}
+
+
+async def drive(url: str, farm_pid: int, names: list[str], args) -> dict[str, Any]:
+    import httpx
+
+    # keepalive_expiry under uvicorn's 5 s keep-alive, as the SDK does: a reused idle
+    # connection otherwise races the server's close (a ReadError that is the client's).
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(
+            max_connections=128, keepalive_expiry=3.0)) as client:
+        ok = [n for n in names if not n.endswith(f"__c{args.types - 1:04d}")]  # not the broken
+        out: dict[str, Any] = {"pss_mib_idle": pss_mib(farm_pid)}
+        seen: set[str] = set()
+        out["first_lease"] = await first_leases(client, ok[:args.cold_samples], seen)
+        broken = await client.post(f"/envs/{names[-1]}/leases", json={})
+        out["broken_type"] = {"status": broken.status_code,
+                              "type": broken.json().get("error", {}).get("type")}
+        out["steps"] = []
+        start = args.cold_samples
+        for k in range(args.steps):
+            envs = ok[start + k * args.step_types:start + (k + 1) * args.step_types]
+            out["steps"].append(await step(client, envs, args.per_type, farm_pid))
+            print(json.dumps(out["steps"][-1]), flush=True)
+            await asyncio.sleep(args.evict_idle + 3)  # the trainer trains; idle types go
+            out["steps"][-1]["pss_mib_after_eviction"] = pss_mib(farm_pid)
+        out["types"] = (await client.get("/status.json")).json()["types"]
+    return out
+
+
+def cold_start_cpu(sources: list[Path] | None) -> dict[str, Any]:
+    """CPU-seconds of one cold start per source env, in the worker that loads it (what a
+    quiet machine's wall time would be), with the module-state probe and without (its verdict
+    known): the worker's CPU after the load less that of a worker that only got ready."""
+    import psutil
+
+    from envfarm.catalog import BUNDLED_CATALOG, load_catalog
+    from envfarm.worker import WorkerEnv, WorkerOptions, WorkerProcess
+
+    def cpu(pid: int) -> float:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+
+    options = WorkerOptions()
+    idle = WorkerProcess(options.worker_config())
+    time.sleep(15)  # imports and the jail done; it waits for a load it never gets
+    ready_cpu = cpu(idle.pid)
+    idle.kill()
+    out: dict[str, Any] = {"worker_ready_cpu_s": round(ready_cpu, 2), "types": {}}
+    for source in sources or [BUNDLED_CATALOG]:
+        catalog = load_catalog(source, check_code=False)
+        for name in catalog.servable:
+            row = {}
+            for probe in (True, False):
+                served = WorkerEnv(catalog[name], options, module_state=None if probe else [])
+                row["probe_cpu_s" if probe else "no_probe_cpu_s"] = round(
+                    cpu(served.workers[0].pid) - ready_cpu, 2)
+                served.kill_all("measured")
+            out["types"][name] = row
+    rows = list(out["types"].values())
+    out["median_probe_cpu_s"] = statistics.median(r["probe_cpu_s"] for r in rows)
+    out["median_no_probe_cpu_s"] = statistics.median(r["no_probe_cpu_s"] for r in rows)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--types", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--step-types", type=int, default=64)
+    parser.add_argument("--per-type", type=int, default=16)
+    parser.add_argument("--cold-samples", type=int, default=12)
+    parser.add_argument("--evict-idle", type=float, default=15.0)
+    parser.add_argument("--source", type=Path, action="append")
+    parser.add_argument("--port", type=int, default=8771)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--cold-cpu", action="store_true",
+                        help="only measure the CPU of one cold start per source env")
+    args = parser.parse_args()
+    if args.cold_cpu:
+        result = cold_start_cpu(args.source)
+        (OUT.parent / "on_demand_cold_cpu.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        return
+
+    import httpx
+
+    with tempfile.TemporaryDirectory(prefix="envfarm-1k-") as tmp:
+        names = make_catalog(Path(tmp), args.types, args.source, broken=1)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from envfarm.cli import app; app()", "serve", "--no-ray",
+             "--catalog", tmp, "--port", str(args.port), "--evict-idle", str(args.evict_idle)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{args.port}"
+        try:
+            while True:
+                try:
+                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise SystemExit("the farm exited during start-up")
+                time.sleep(0.2)
+            ready_s = time.perf_counter() - t0
+            print(f"ready in {ready_s:.1f} s", flush=True)
+            result = asyncio.run(drive(url, proc.pid, names, args))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+              "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                      time.gmtime()),
+              "catalog_types": args.types, "ready_s": round(ready_s, 1), **result}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""A hundred env types on one farm, loaded on demand into jailed workers (issue 26 at small
+scale; the 1,000-type figures come from benchmarks/bench_on_demand.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import httpx
+import pytest
+
+from benchmarks.make_catalog_1k import make_catalog
+from envfarm.catalog import load_catalog
+from envfarm.client import ASGITransport, Farm
+from envfarm.errors import EnvBroken
+from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
+from envfarm.wire import EnvState, LeaseRequest
+from envfarm.worker import WorkerEnv
+from tests.envfarm.farm.conftest import lifespan_running
+
+TYPES = 100
+
+
+@pytest.fixture(scope="module")
+def catalog_100(tmp_path_factory):
+    path = tmp_path_factory.mktemp("catalog_100")
+    names = make_catalog(path, types=TYPES, broken=1)
+    return load_catalog(path, check_code=False), names
+
+
+def _core(catalog, **config) -> FarmCore:
+    config.setdefault("pool", PoolConfig(warm=1))
+    return FarmCore(FarmConfig(**config), catalog=catalog)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_on_demand_is_the_default_above_sixteen_types():
+    assert FarmConfig().loads_on_demand(16) is False
+    assert FarmConfig().loads_on_demand(17) is True
+    assert FarmConfig(on_demand=False).loads_on_demand(1000) is False
+    assert FarmConfig(on_demand=True).loads_on_demand(3) is True
+
+
+async def test_types_load_at_first_lease_share_one_cold_start_and_evict(catalog_100):
+    catalog, names = catalog_100
+    started = time.perf_counter()
+    core = _core(catalog, evict_idle_s=30)
+    assert time.perf_counter() - started < 10  # nothing compiled, no env worker started
+    counts = core.registry.counts()
+    assert (counts.types, counts.loaded, counts.cold) == (TYPES, 0, TYPES)
+    assert core.env_names() == sorted(names)
+    await core.start()
+    try:
+        env = names[0]
+        leases = await asyncio.gather(*(core.create_lease(env, LeaseRequest())
+                                        for _ in range(3)))
+        assert core.registry.counts().cold_starts == 1  # three leases, one load
+        served = core.envs[env]
+        assert isinstance(served, WorkerEnv) and served.probed
+        pids = [w.pid for w in served.workers]
+        assert len(pids) == 1 and all(_alive(p) for p in pids)
+        lease = core.lease(env, leases[0].lease_id, leases[0].token)
+        tool = core.tools(lease)[0].name
+        res = await core.call(lease, tool, {})
+        assert res.ok or res.error.kind == "agent_error"  # served by the worker, typed
+
+        # A leased type is never evicted, however long it sits idle.
+        later = time.monotonic() + 3600
+        assert await core.registry.evict_idle(now=later) == []
+        for info in leases:
+            core.release(env, info.lease_id, info.token)
+        assert await core.registry.evict_idle(now=time.monotonic() + 1) == []  # not idle yet
+        assert await core.registry.evict_idle(now=later) == [env]
+        assert env not in core.envs and core.registry.state(env) is EnvState.cold
+        assert not any(_alive(p) for p in pids)  # its worker stopped: memory returned
+        assert core.registry.counts().evictions == 1
+
+        # Loaded again: a new cold start, with the module-state verdict known (no probe).
+        again = await core.create_lease(env, LeaseRequest())
+        assert core.registry.counts().cold_starts == 2
+        assert core.envs[env].probed is False
+        core.release(env, again.lease_id, again.token)
+    finally:
+        await core.aclose()
+
+
+async def test_a_broken_type_is_typed_marked_and_skipped(catalog_100):
+    catalog, names = catalog_100
+    broken, fine = names[-1], names[1]
+    core = _core(catalog)
+    await core.start()
+    try:
+        for _ in range(2):  # the second answer comes from the mark, not from another load
+            with pytest.raises(EnvBroken, match="broken on purpose"):
+                await core.create_lease(broken, LeaseRequest())
+        assert core.registry.state(broken) is EnvState.broken
+        assert core.registry.counts().broken == 1 and core.registry.counts().cold_starts == 0
+        assert any(p.startswith(broken) for p in core.problems)
+        info = await core.create_lease(fine, LeaseRequest())  # the others keep serving
+        assert info.env == fine
+    finally:
+        await core.aclose()
+
+
+async def test_hot_types_load_at_start_and_stay(catalog_100):
+    catalog, names = catalog_100
+    hot = names[2]
+    core = _core(catalog, hot=[hot], evict_idle_s=1)
+    try:
+        assert list(core.envs) == [hot]
+        assert await core.registry.evict_idle(now=time.monotonic() + 3600) == []
+    finally:
+        await core.aclose()
+
+
+async def test_http_warm_up_status_metrics_and_broken_answer(catalog_100):
+    catalog, names = catalog_100
+    core = _core(catalog)
+    env, broken = names[3], names[-1]
+    app = build_app(core)
+    async with lifespan_running(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://farm") as client, \
+            Farm("http://farm", transport=ASGITransport(app)) as sdk:
+        listed = {e["name"]: e["state"] for e in (await client.get("/envs")).json()}
+        assert listed[env] == "cold" and len(listed) == TYPES
+
+        r = await client.post(f"/envs/{env}/warm")
+        assert r.status_code == 200, r.text
+        assert r.json()["state"] == "loaded" and r.json()["tools"]
+        assert [d.state for d in await sdk.warm(env)] == [EnvState.loaded]  # loaded already
+
+        # MCP for a type loaded after the farm started: its MCP app starts at first use.
+        r = await client.post(f"/envs/{names[4]}/leases", json={})
+        assert r.status_code == 201, r.text
+        info = r.json()
+        mcp = f"/envs/{names[4]}/leases/{info['lease_id']}/mcp"
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Authorization": f"Bearer {info['token']}"}
+        listing = await asyncio.gather(*(client.post(
+            mcp, json={"jsonrpc": "2.0", "id": i, "method": "tools/list", "params": {}},
+            headers=headers) for i in range(3)))  # concurrent first requests share one start
+        assert all(r.status_code == 200 and r.json()["result"]["tools"] for r in listing)
+        tool = listing[0].json()["result"]["tools"][0]["name"]
+        r = await client.post(mcp, headers=headers, json={
+            "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": tool, "arguments": {}}})
+        assert r.status_code == 200 and "result" in r.json(), r.text
+
+        r = await client.post(f"/envs/{broken}/leases", json={})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "EnvBroken"
+        with pytest.raises(EnvBroken):
+            await sdk.warm(broken)
+
+        types = (await client.get("/status.json")).json()["types"]
+        assert types == {"types": TYPES, "loaded": 2, "loading": 0, "cold": TYPES - 3,
+                         "broken": 1, "cold_starts": 2, "evictions": 0}
+        metrics = (await client.get("/metrics")).text
+        assert f'envfarm_env_types{{owner="{core.owner}",state="loaded"}} 2.0' in metrics
+        assert f'envfarm_env_cold_starts_total{{owner="{core.owner}"}} 2.0' in metrics
