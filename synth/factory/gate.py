@@ -94,8 +94,9 @@ class _Borrowed:
         self.judge = judge
 
     async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
-                     final_answer: str | None = None) -> Verdict:
-        return await self.judge.verify(code, initial_db, final_db, final_answer=final_answer)
+                     final_answer: str | None = None, context: Any = None) -> Verdict:
+        return await self.judge.verify(code, initial_db, final_db, final_answer=final_answer,
+                                       context=context)
 
     async def aclose(self) -> None:
         return None
