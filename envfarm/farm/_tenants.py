@@ -33,6 +33,7 @@ from envfarm.errors import ConfigError, KeyInvalid, KeyMissing, QuotaExceeded
 KEY_HEADER = "x-envfarm-key"
 ANONYMOUS = "anonymous"
 TENANT_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
+QUOTAS = ("max_leases", "leases_per_s", "calls_per_s")
 
 
 class Quota(BaseModel):
@@ -259,6 +260,6 @@ class TenantCollector(Collector):
             leases.add_metric([self.owner, name], u.leases)
             created.add_metric([self.owner, name], u.created)
             calls.add_metric([self.owner, name], u.calls)
-            for quota, n in u.refused.items():
-                refused.add_metric([self.owner, name, quota], n)
+            for quota in QUOTAS:  # zeros too: a rate() over the series needs them
+                refused.add_metric([self.owner, name, quota], u.refused.get(quota, 0))
         yield from (leases, created, calls, refused)
