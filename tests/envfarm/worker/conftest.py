@@ -37,7 +37,7 @@ def start_farm(codes: dict[str, str], **config) -> LocalFarm:
 
 @pytest.fixture(scope="module")
 def hostile_farm(secret_env):
-    farm = start_farm({"hostile": with_code(HOSTILE), "toy": with_code("")},
+    farm = start_farm({"hostile": with_code(HOSTILE), "victim": with_code("")},
                       call_timeout_s=2.0, leases_per_worker=4, check_module_state=False)
     yield farm
     farm.stop()

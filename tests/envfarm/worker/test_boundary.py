@@ -1,6 +1,6 @@
 """The trust boundary, attacked through the farm's HTTP and MCP API (issue 20).
 
-A real ``--no-ray`` farm on loopback serves a hostile env and a plain one ("toy", the victim)
+A real ``--no-ray`` farm on loopback serves a hostile env and a plain one ("victim")
 from jailed worker processes. Each test calls a hostile tool the way an agent would and checks
 the outcome from outside: the front alive and answering, no file, no secret, other leases'
 state and tokens untouched, a typed error, no hang.
@@ -47,7 +47,7 @@ def api(hostile_farm) -> Leases:
 @pytest.fixture
 def victim(api) -> tuple[str, dict]:
     """A lease of another env with state of its own, checked after each attack."""
-    path, auth, _ = api.lease("toy")
+    path, auth, _ = api.lease("victim")
     assert api.call(path, auth, "create_note", title="victim-state").json()["ok"]
     return path, auth
 
@@ -84,7 +84,7 @@ def test_workers_are_jailed_and_the_front_runs_no_env_code(hostile_farm):
     assert all(served.isolation == "workers" for served in core.envs.values())
     import sys
 
-    assert not {"_envfarm_env_hostile", "_envfarm_env_toy"} & set(sys.modules), \
+    assert not {"_envfarm_env_hostile", "_envfarm_env_victim"} & set(sys.modules), \
         "env code was loaded in the front"
 
 
