@@ -85,6 +85,8 @@ def queries(
     seed: int = typer.Option(0, help="seed of the concrete argument values (same seed, same episodes)"),
     limit: int = typer.Option(0, min=0, help="at most this many new chains per env (0: all chains)"),
     concurrency: int = typer.Option(4, min=1, help="chains in flight per env (LLM calls overlap)"),
+    batch: int = typer.Option(16, min=1, help="chains gated together on one farm; episodes are stored "
+                              "after each batch (a killed run loses at most one batch)"),
     agent_base_url: str = typer.Option("", help="endpoint of the agent that solves each written request "
                                        "(OpenAI-compatible) [default: the LLM's]"),
     agent_model: str = typer.Option("", help="the agent's model [default: the LLM's]"),
@@ -116,7 +118,7 @@ def queries(
                     with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
                         return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, solver=solver,
                                                      envs=env or None, seed=seed, limit=limit or None,
-                                                     concurrency=concurrency)
+                                                     concurrency=concurrency, batch=batch)
             finally:
                 if hasattr(solver, "aclose"):
                     await solver.aclose()

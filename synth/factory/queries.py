@@ -176,9 +176,10 @@ async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, st
 
 async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any, solver: Solver,
                           envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
-                          concurrency: int = 4, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Episodes for every chain of every env not done yet (``concurrency`` chains at a time, each
-    episode stored as soon as it is decided); one summary row per env."""
+                          concurrency: int = 4, batch: int = 16,
+                          tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Episodes for every chain of every env not done yet (``concurrency`` chains at a time, gated
+    ``batch`` at a time, each batch's episodes stored as soon as they are decided); one summary row per env."""
     catalog, names = catalog_envs(catalog_path, envs)
     rows = []
     for name in names:
@@ -196,7 +197,7 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
         todo = [c for c in chains if c.chain_id not in store]  # the rest was done by an earlier run
         added, retry_later = await _run_chains(runtime, todo[:limit] if limit is not None else todo, columns,
                                                store, llm=llm, sandbox=sandbox, solver=solver, seed=seed,
-                                               concurrency=concurrency)
+                                               concurrency=concurrency, batch=batch)
         episodes = list(store)
         rows.append({"env": name, "chains": len(chains), "bad_chain_records": bad, "new": added, "episodes": len(episodes),
                      "accepted": sum(bool(e.get("accepted")) for e in episodes), "llm_errors": retry_later})

@@ -156,7 +156,8 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
     path = factory_dir(tmp_path, ENV) / EPISODES_FILE
     with MockOpenAI(latency_s=0.1) as mock:
         script_queries(mock)
-        cmd = [sys.executable, "-m", "tests.synth.factory_cli", *queries_args(mock, tmp_path)]
+        # batches of 2: episodes land a few at a time, so the kill falls between two of them
+        cmd = [sys.executable, "-m", "tests.synth.factory_cli", *queries_args(mock, tmp_path), "--batch", "2"]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
