@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import envfarm
 from envfarm.errors import VerifierError
+from envfarm.pipes import read_exact
 from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import _AST_LOCK, Mode, detect
 
@@ -136,22 +137,6 @@ class _WorkerGone(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
-
-
-def _read_exact(fd: int, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            raise TimeoutError
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
 
 
 @functools.lru_cache(maxsize=1)
@@ -495,12 +480,12 @@ class VerifierSandbox:
         try:
             deadline = time.monotonic() + timeout_s
             try:
-                size = int.from_bytes(_read_exact(rep_r, 4, deadline), "big")
+                size = int.from_bytes(read_exact(rep_r, 4, deadline), "big")
                 if size > self.config.max_result_bytes + (1 << 16):
                     job.kill()
                     raise _WorkerGone(VerifierErrorKind.crashed,
                                       "verifier process sent an oversized reply")
-                raw = _read_exact(rep_r, size, deadline)
+                raw = read_exact(rep_r, size, deadline)
             except TimeoutError:
                 job.kill()
                 raise _WorkerGone(VerifierErrorKind.timeout,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import time
 from typing import Any
+
+from envfarm.pipes import read_exact
 
 #: Largest frame either side accepts (a database image is the biggest thing sent).
 MAX_FRAME = 64 << 20
@@ -74,20 +74,7 @@ def write_all(fd: int, data: bytes) -> None:
 def read_blocking(fd: int, deadline: float, max_frame: int = MAX_FRAME
                   ) -> tuple[dict[str, Any], bytes]:
     """One frame from a blocking fd before ``deadline`` (monotonic); TimeoutError / EOFError."""
-    size = int.from_bytes(_read_exact(fd, _U32, deadline), "big")
+    size = int.from_bytes(read_exact(fd, _U32, deadline), "big")
     if size > max_frame or size < _U32:
         raise FrameError(f"frame of {size} bytes (limit {max_frame})")
-    return decode(_read_exact(fd, size, deadline))
-
-
-def _read_exact(fd: int, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise TimeoutError
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
+    return decode(read_exact(fd, size, deadline))
