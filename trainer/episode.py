@@ -250,7 +250,8 @@ class _Episode:
                 lease, self.env, self.task_idx, self._trajectory(), self.final_answer))
             return Verdict.of(Outcome.invalid, "being judged", error_kind="judge_pending",
                               details={"end": end.value})
-        res = await self._farm(lease.verify(self.task_idx, self.final_answer))
+        # the trajectory goes along: a farm on the llm reward path shows it to its judge
+        res = await self._farm(lease.verify(self.task_idx, self.final_answer, self._trajectory()))
         return Verdict.of(Outcome(res.outcome), res.reason,
                           details={"verifier": res.details, "end": end.value})
 

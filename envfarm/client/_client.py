@@ -259,9 +259,13 @@ class Lease:
     async def reset(self) -> None:
         await self.farm._json("POST", self.path + "/reset", token=self.token)
 
-    async def verify(self, task_idx: int | None = None, final_answer: str | None = None
-                     ) -> VerifyResponse:
-        body = {"task_idx": task_idx, "final_answer": final_answer}
+    async def verify(self, task_idx: int | None = None, final_answer: str | None = None,
+                     trajectory: Any = None) -> VerifyResponse:
+        """The verdict on this lease's episode. ``trajectory`` (a ``judge.Trajectory`` or its
+        JSON) is what a farm on the llm reward path shows its judge; the code path ignores it."""
+        if hasattr(trajectory, "model_dump"):
+            trajectory = trajectory.model_dump(mode="json")
+        body = {"task_idx": task_idx, "final_answer": final_answer, "trajectory": trajectory}
         return VerifyResponse.model_validate(
             await self.farm._json("POST", self.path + "/verify", token=self.token,
                                   json_body=body, safe=True))

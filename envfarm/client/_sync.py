@@ -87,8 +87,9 @@ class SyncLease:
     def reset(self) -> None:
         self._farm._run(self.lease.reset())
 
-    def verify(self, task_idx: int | None = None) -> VerifyResponse:
-        return self._farm._run(self.lease.verify(task_idx))
+    def verify(self, task_idx: int | None = None, final_answer: str | None = None,
+               trajectory: Any = None) -> VerifyResponse:
+        return self._farm._run(self.lease.verify(task_idx, final_answer, trajectory))
 
     def release(self) -> ReleaseResponse | None:
         if self.lease.released:

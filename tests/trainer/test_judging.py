@@ -66,7 +66,7 @@ async def test_farm_llm_path_reaches_partially_completed(llm_farm, mock, bundled
     """The farm's verify on the llm path: the sql-mode verifier's facts and the trajectory
     sent with verify go to the judge model; Partially Completed comes back as 0.1."""
     mock.script(answer("Partially Completed"), stage="judge", repeat=True)
-    # the SDK's verify (the episode's end) sends no trajectory; a raw verify sends one
+    # the episode's verify (through the SDK) sends its trajectory; so does a raw verify
     result = await run_episode(llm_farm, ScriptedPolicy.from_catalog(bundled_catalog), ENV, 0)
     assert (result.outcome, result.reward) == ("partially_completed", 0.1)
     lease = await llm_farm.acquire(ENV, task_idx=0)
@@ -74,12 +74,14 @@ async def test_farm_llm_path_reaches_partially_completed(llm_farm, mock, bundled
             "trajectory": result.trajectory.model_dump(mode="json")}
     verdict = await llm_farm._json("POST", lease.path + "/verify", token=lease.token,
                                    json_body=body)
+    blank = await lease.verify(0, "done")  # no trajectory: the judge sees none
     await lease.release()
     assert (verdict["outcome"], verdict["reward"], verdict["valid"]) == (
         "partially_completed", 0.1, True)
-    assert verdict["details"]["judge"] == "llm"
-    first, second = mock.requests_for(stage="judge")
-    assert blocks(first.last_user)[0]["trajectory"] == []
+    assert verdict["details"]["judge"] == "llm" and blank.outcome == "partially_completed"
+    first, second, third = mock.requests_for(stage="judge")
+    assert blocks(first.last_user)[0]["trajectory"] == blocks(second.last_user)[0]["trajectory"] != []
+    assert blocks(third.last_user)[0]["trajectory"] == []
     task_json, verification_json = blocks(second.last_user)
     assert task_json["user_task"] == bundled_catalog[ENV].tasks[0]
     assert task_json["execution_budget"] == 20 and task_json["actual_execution_steps"] == len(
