@@ -30,8 +30,11 @@ def summary(latencies_s: list[float], calls: int, elapsed_s: float, **extra: Any
 
 
 def session(limit: int = 2048) -> aiohttp.ClientSession:
+    """A client; with the tenant key of ``$ENVFARM_API_KEY`` when the farm needs one."""
+    key = os.environ.get("ENVFARM_API_KEY")
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit),
-                                 timeout=aiohttp.ClientTimeout(total=120))
+                                 timeout=aiohttp.ClientTimeout(total=120),
+                                 headers={"X-Envfarm-Key": key} if key else None)
 
 
 async def acquire(s: aiohttp.ClientSession, url: str, env: str = ENV) -> dict:

@@ -114,6 +114,7 @@ def one_layout(nodes: int, duration_s: float, leases: int) -> dict[str, Any]:
     manifest = load_manifest()
     t0 = time.monotonic()
     cluster = start_cluster(manifest=manifest, **LAYOUTS[max(nodes, 1)])
+    os.environ["ENVFARM_API_KEY"] = cluster.api_key  # the clients' tenant key (session())
     try:
         config = fit_to_machine(manifest_serve_config(manifest), envs=[ENV],
                                 port=cluster.head.port, autoscaling=TWO_REPLICAS)

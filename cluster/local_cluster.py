@@ -37,6 +37,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "k8s" / "rayservice.yaml"
+#: The tenant a local cluster's farm knows (the k8s Secret names the real ones).
+LOCAL_TENANT = "local"
 #: Serve stops a direct-ingress replica this long after its last request so outside load
 #: balancers can drop it (30 s by default). Here the only balancer is each node's HAProxy,
 #: which reloads in well under a second (as envfarm/serve/_run.py does on one node).
@@ -64,8 +66,10 @@ def _container(group: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod_env(group: dict[str, Any]) -> dict[str, str]:
-    """The environment a node group's pods run with (Serve's ingress mode and its tuning)."""
-    return {e["name"]: str(e["value"]) for e in _container(group).get("env", [])}
+    """The environment a node group's pods run with (Serve's ingress mode and its tuning).
+    Values from a Secret (``valueFrom``: the tenants' keys) are the cluster's to give:
+    ``start_cluster`` makes its own."""
+    return {e["name"]: str(e["value"]) for e in _container(group).get("env", []) if "value" in e}
 
 
 def head_group(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +145,12 @@ class LocalCluster:
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_cpus: int = 1
     config: dict[str, Any] | None = None  # the Serve config deployed last
+    api_key: str = ""  # the one tenant's key (the manifest's Secret, made up here)
+
+    @property
+    def key_header(self) -> dict[str, str]:
+        """What a client sends to create leases on this cluster's farm."""
+        return {"X-Envfarm-Key": self.api_key}
 
     @property
     def nodes(self) -> list[LocalNode]:
@@ -191,9 +201,13 @@ def start_cluster(workers: int = 3, *, worker_cpus: int = 1, head_cpus: int | No
     import ray
     from ray.cluster_utils import Cluster
 
+    from envfarm.farm import new_key
+
     manifest = manifest or load_manifest()
     head_params = head_group(manifest)["rayStartParams"]
-    head_env = {**pod_env(head_group(manifest)), **LOCAL_DRAIN, **_node_ports()}
+    api_key = new_key()
+    tenants = {"ENVFARM_API_KEYS": f"{LOCAL_TENANT}:{api_key}"}  # what the Secret holds in k8s
+    head_env = {**pod_env(head_group(manifest)), **tenants, **LOCAL_DRAIN, **_node_ports()}
     dashboard_port = free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": int(head_params.get("num-cpus", 0)) if head_cpus is None else head_cpus,
@@ -203,8 +217,9 @@ def start_cluster(workers: int = 3, *, worker_cpus: int = 1, head_cpus: int | No
     local = LocalCluster(cluster=cluster, head=LocalNode(cluster.head_node, port or free_port(),
                                                          head=True),
                          dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-                         worker_env={**pod_env(worker_group(manifest)), **LOCAL_DRAIN},
-                         worker_cpus=worker_cpus)
+                         worker_env={**pod_env(worker_group(manifest)), **tenants,
+                                     **LOCAL_DRAIN},
+                         worker_cpus=worker_cpus, api_key=api_key)
     try:
         for _ in range(workers):
             local.add_worker()
@@ -308,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
     parser.add_argument("--run", default=None,
                         help="a shell command to run against the cluster, then tear it down "
-                             "(ENVFARM_INGRESS_<i> holds node i's URL, 0 is the head)")
+                             "(ENVFARM_INGRESS_<i> holds node i's URL, 0 is the head; "
+                             "ENVFARM_API_KEY the key that may create leases)")
     args = parser.parse_args(argv)
     manifest = load_manifest(args.manifest)
     envs = args.envs.split(",") if args.envs else None
@@ -320,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         served = [e for a in config["applications"] for e in a["args"]["farm"].get("envs", [])]
         deploy(cluster, config, envs=served)
         print(f"cluster up in {time.monotonic() - t0:.1f} s; dashboard {cluster.dashboard_url}")
-        urls = {}
+        urls = {"ENVFARM_API_KEY": cluster.api_key}  # the SDK's variable: the tenant's key
         for i, node in enumerate(cluster.nodes):
             urls[f"ENVFARM_INGRESS_{i}"] = node.url
             print(f"  node {i} {'head  ' if node.head else 'worker'} {node.node_id[:12]} "
@@ -328,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.run:
             return subprocess.run(args.run, shell=True, env={**os.environ, **urls},
                                   check=False).returncode
+        print(f"  tenant {LOCAL_TENANT!r}: export ENVFARM_API_KEY={cluster.api_key}")
         print("Ctrl-C to stop")
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -6,7 +6,6 @@ Mount on the root app with ``register(app)``. Ray is imported only by commands t
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import os
 import signal
@@ -29,10 +28,11 @@ from envfarm.farm import (
     Tenant,
     TenantsConfig,
     hash_key,
+    is_loopback,
     load_tenants,
     make_server,
     new_key,
-    parse_keys,
+    with_environ_tenants,
 )
 
 console = Console(soft_wrap=True)
@@ -79,7 +79,6 @@ TenantsOpt = Annotated[Path | None, typer.Option(
 ApiKeyOpt = Annotated[list[str] | None, typer.Option(
     "--api-key", help="NAME:KEY of a tenant (no quota; repeatable). Prefer the tenants file or "
                       "$ENVFARM_API_KEYS (NAME:KEY,...): a command line is visible to others.")]
-KEYS_ENV = "ENVFARM_API_KEYS"
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -98,24 +97,10 @@ def _config(catalog: Path | None, envs: str | None, warm: int,
                       on_demand=on_demand, hot=_names(hot) or [], evict_idle_s=evict_idle_s)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: assume it is reachable from elsewhere
-
-
 def tenants_config(path: Path | None, keys: list[str] | None, host: str) -> TenantsConfig:
     """Tenants from the file, ``--api-key`` and ``$ENVFARM_API_KEYS`` (keys hashed at once);
     a key is required when the farm listens beyond loopback."""
-    tenants: list[Tenant] = load_tenants(path) if path else []
-    tenants += parse_keys(",".join([*(keys or []), os.environ.get(KEYS_ENV, "")]))
-    if len({t.name for t in tenants}) != len(tenants):
-        raise typer.BadParameter("tenant names must be unique across --tenants, --api-key and "
-                                 f"${KEYS_ENV}")
-    return TenantsConfig(tenants=tenants, require_key=not is_loopback(host))
+    return with_environ_tenants(TenantsConfig(require_key=not is_loopback(host)), path, keys)
 
 
 def _say_who_may_lease(tenants: TenantsConfig) -> None:

@@ -29,9 +29,11 @@ from envfarm.farm._tenants import (
     Tenants,
     TenantsConfig,
     hash_key,
+    is_loopback,
     load_tenants,
     new_key,
     parse_keys,
+    with_environ_tenants,
 )
 from envfarm.wire import (
     BatchError,
@@ -100,6 +102,7 @@ __all__ = [
     "health_response",
     "install_error_handlers",
     "install_status_routes",
+    "is_loopback",
     "load_tenants",
     "make_server",
     "mcp_credential",
@@ -112,4 +115,5 @@ __all__ = [
     "redact_path",
     "scope_header",
     "summarize_status",
+    "with_environ_tenants",
 ]

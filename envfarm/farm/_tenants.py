@@ -16,9 +16,11 @@ enforced by every replica on the leases it owns).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,33 @@ def load_tenants(path: str | Path) -> list[Tenant]:
         raise ConfigError(f"tenants file {path}: tenant names must be unique and not "
                            f"{ANONYMOUS!r}")
     return tenants
+
+
+#: Where a deployed farm finds its tenants: a tenants file's path, and NAME:KEY pairs.
+TENANTS_ENV, KEYS_ENV = "ENVFARM_TENANTS", "ENVFARM_API_KEYS"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it is reachable from elsewhere
+
+
+def with_environ_tenants(config: TenantsConfig, path: str | Path | None = None,
+                         keys: list[str] | None = None,
+                         environ: Mapping[str, str] = os.environ) -> TenantsConfig:
+    """``config`` plus the tenants of ``path`` (default ``$ENVFARM_TENANTS``), ``keys`` and
+    ``$ENVFARM_API_KEYS`` (hashed at once): how both ``envfarm serve`` and a deployed replica
+    (keys from a Kubernetes Secret) learn who may lease. Names must be unique."""
+    path = path or environ.get(TENANTS_ENV) or None
+    tenants = [*config.tenants, *(load_tenants(path) if path else [])]
+    tenants += parse_keys(",".join([*(keys or []), environ.get(KEYS_ENV, "")]))
+    if len({t.name for t in tenants}) != len(tenants):
+        raise ConfigError(f"tenant names must be unique (tenants file, API keys, ${KEYS_ENV})")
+    return config.model_copy(update={"tenants": tenants})
 
 
 def _tenant(item: Any, where: str) -> Tenant:

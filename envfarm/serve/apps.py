@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray.serve import Application
 
 from envfarm.catalog import load_catalog
-from envfarm.farm import FarmConfig
+from envfarm.errors import ConfigError
+from envfarm.farm import FarmConfig, is_loopback, with_environ_tenants
+from envfarm.farm._tenants import KEYS_ENV, TENANTS_ENV
 from envfarm.serve._build import FRONT_APP, front_deployment, plan, routes_of
 from envfarm.serve._ingress import current_proxy, pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions
@@ -40,18 +42,34 @@ class FrontAppArgs(BaseModel):
 
 def pool_app(args: dict[str, Any]) -> Application:
     a = PoolAppArgs.model_validate(args)
-    # Built in the cluster: its environment says which ingress Serve runs (k8s/, cluster/).
-    return pool_application(a.farm.model_dump(), a.deployment, current_proxy())
+    # Built in the cluster: its environment says which ingress Serve runs and who may lease
+    # (k8s/, cluster/).
+    return pool_application(_with_tenants(a.farm).model_dump(), a.deployment, current_proxy())
 
 
 def front_app(args: dict[str, Any]) -> Application:
     a = FrontAppArgs.model_validate(args)
-    return front_deployment(access_log=a.access_log).bind(a.farm.model_dump(), a.routes,
-                                                          a.replicas)
+    return front_deployment(access_log=a.access_log).bind(_with_tenants(a.farm).model_dump(),
+                                                          a.routes, a.replicas)
+
+
+def _with_tenants(farm: FarmConfig) -> FarmConfig:
+    """The farm's tenants plus the pod's (``$ENVFARM_API_KEYS`` from a Secret,
+    ``$ENVFARM_TENANTS``); a farm that needs keys and has none refuses to deploy."""
+    tenants = with_environ_tenants(farm.tenants)
+    if tenants.require_key and not tenants.tenants:
+        raise ConfigError(f"the farm listens beyond loopback and no tenant may lease: set "
+                          f"${KEYS_ENV} (NAME:KEY,...) or ${TENANTS_ENV} (a tenants file) in the "
+                          f"pods' environment, e.g. from a Secret (k8s/README.md)")
+    return farm.model_copy(update={"tenants": tenants})
 
 
 def serve_config(config: FarmConfig, options: ServeOptions) -> dict[str, Any]:
-    """The farm as a Serve config file (the ``serveConfigV2`` of a RayService)."""
+    """The farm as a Serve config file (the ``serveConfigV2`` of a RayService). Listening
+    beyond loopback, lease creation needs a tenant's key (the pods' environment gives them)."""
+    if not is_loopback(options.host):
+        config = config.model_copy(update={"tenants": config.tenants.model_copy(
+            update={"require_key": True})})
     plans = plan(config, options, load_catalog(config.catalog, check_code=False))
     apps: list[dict[str, Any]] = []
     for p in plans:

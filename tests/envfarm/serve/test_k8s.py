@@ -72,6 +72,38 @@ def test_manifest_is_what_serve_config_writes(manifest):
     assert yaml.safe_load(manifest["spec"]["serveConfigV2"]) == written
 
 
+def test_deployed_farm_takes_its_tenants_from_the_pods_secret(manifest, monkeypatch):
+    """Listening on 0.0.0.0, every app requires a key; both node groups get the keys from the
+    Secret, and a replica built without any refuses to deploy (an open farm on a cluster's
+    network is the mistake this prevents)."""
+    from envfarm.errors import ConfigError
+    from envfarm.farm import FarmConfig, hash_key
+    from envfarm.serve import ServeOptions
+    from envfarm.serve.apps import PoolAppArgs, _with_tenants, serve_config
+
+    apps = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    assert all(a["args"]["farm"]["tenants"]["require_key"] is True for a in apps)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        env = {e["name"]: e for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert env["ENVFARM_API_KEYS"]["valueFrom"]["secretKeyRef"] == {
+            "name": "envfarm-tenants", "key": "api-keys"}
+    farm = PoolAppArgs.model_validate(apps[0]["args"]).farm
+    for var in ("ENVFARM_API_KEYS", "ENVFARM_TENANTS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match="ENVFARM_API_KEYS"):
+        _with_tenants(farm)
+    monkeypatch.setenv("ENVFARM_API_KEYS", "alpha:efk_a,beta:efk_b")
+    tenants = _with_tenants(farm).tenants
+    assert tenants.require_key and [(t.name, t.key_sha256) for t in tenants.tenants] == [
+        ("alpha", hash_key("efk_a")), ("beta", hash_key("efk_b"))]
+    monkeypatch.setenv("ENVFARM_API_KEYS", "alpha:efk_a,alpha:efk_c")
+    with pytest.raises(ConfigError, match="unique"):
+        _with_tenants(farm)
+    local = serve_config(FarmConfig(envs=["hotel_booking_1"]), ServeOptions(host="127.0.0.1"))
+    assert all("tenants" not in a["args"]["farm"] for a in local["applications"])  # stays open
+
+
 def test_cluster_scripts_and_launcher_config():
     cluster = REPO / "cluster"
     for script in ("start_head.sh", "start_worker.sh"):

@@ -137,7 +137,8 @@ async def test_leases_cross_nodes_and_calls_reach_their_owner(cluster):
     node_of = {o: r["node"] for o, r in replicas.items()}
     before = await asyncio.to_thread(calls_by_owner)
     tally, made, sent = Tally(), {}, Counter()
-    clients = {n: httpx.AsyncClient(base_url=u, timeout=30) for n, u in urls.items()}
+    clients = {n: httpx.AsyncClient(base_url=u, timeout=30, headers=cluster.key_header)
+               for n, u in urls.items()}
     try:
         for via, c in clients.items():
             made[via] = [await acquire(c, tally) for _ in range(8)]
@@ -169,6 +170,10 @@ async def test_status_page_lists_replicas_per_node(cluster):
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         status = (await c.get("/status.json")).json()
         page = (await c.get("/status")).text
+        # deployed beyond loopback: no lease without a tenant's key (the pods' Secret)
+        keyless = await c.post(f"/envs/{ENV}/leases", json={})
+        forged = await c.post(f"/envs/{ENV}/leases", json={}, headers={"X-Envfarm-Key": "efk_x"})
+    assert (keyless.status_code, forged.status_code) == (401, 403), (keyless.text, forged.text)
     replicas = await asyncio.to_thread(pool_replicas)
     listed = {r["owner"]: r["node"] for r in status["replicas"]}
     assert listed == {o: r["node"] for o, r in replicas.items()}
@@ -196,7 +201,8 @@ async def test_trainer_actor_on_one_node_drives_episodes_on_others(cluster, tmp_
     url = next(iter((await asyncio.to_thread(ingress_urls, cluster)).values()))
     actor = TrainerActor.options(
         num_cpus=0, runtime_env={"env_vars": {"PYTHONPATH": SOURCE_ROOT,
-                                              "ENVFARM_CACHE": str(cache)}},
+                                              "ENVFARM_CACHE": str(cache),
+                                              "ENVFARM_API_KEY": cluster.api_key}},
         scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.head.node_id, soft=False),
     ).remote(config.model_dump(), url)
     record = await actor.train_step.remote()
@@ -220,7 +226,8 @@ async def test_autoscaling_adds_a_replica_on_another_node(cluster):
     urls = list((await asyncio.to_thread(ingress_urls, cluster)).values())
     before = await asyncio.to_thread(pool_replicas)
     tally, stop, held = Tally(), asyncio.Event(), []
-    clients = [httpx.AsyncClient(base_url=u, timeout=30, limits=httpx.Limits(max_connections=40))
+    clients = [httpx.AsyncClient(base_url=u, timeout=30, limits=httpx.Limits(max_connections=40),
+                                 headers=cluster.key_header)
                for u in urls]
     try:
         early = [await acquire(clients[i % len(clients)], tally) for i in range(6)]
@@ -284,7 +291,7 @@ async def test_killed_worker_node_gives_410_and_the_others_go_on(cluster):
     urls = [u for n, u in (await asyncio.to_thread(ingress_urls, cluster)).items()
             if n != victim.node_id]
     tally, stop = Tally(), asyncio.Event()
-    async with httpx.AsyncClient(base_url=urls[0], timeout=30) as c:
+    async with httpx.AsyncClient(base_url=urls[0], timeout=30, headers=cluster.key_header) as c:
         infos: list[dict] = []
         while min(Counter(owner(i) for i in infos).get(o, 0) for o in replicas) < 4:
             assert len(infos) < 60, Counter(owner(i) for i in infos)
