@@ -20,48 +20,23 @@ import functools
 import json
 import marshal
 import os
-import select
-import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from enum import Enum
-from pathlib import Path
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import envfarm
 from envfarm.errors import VerifierError
 from envfarm.pipes import read_exact
 from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import _AST_LOCK, Mode, detect
+from judge._zygote import VerifierErrorKind, WorkerGone, Zygote, gone_for
 
-_WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
-_NOBODY = 65534
 _F_SETPIPE_SZ = 1031
 _MAX_REQUEST = 1 << 20  # the default pipe-max-size: a request fits its pipe, no writer blocks
-
-
-class VerifierErrorKind(str, Enum):
-    """Why a verifier gave no result."""
-
-    syntax = "syntax"
-    no_function = "no_function"
-    raised = "raised"
-    timeout = "timeout"
-    cpu = "cpu"
-    memory = "memory"
-    forbidden = "forbidden"
-    bad_return = "bad_return"
-    crashed = "crashed"
-    bad_input = "bad_input"
 
 
 class VerifierResult(BaseModel):
@@ -132,176 +107,6 @@ def _bytecode(code: str) -> tuple[str | None, str | None]:
     return base64.b64encode(marshal.dumps(compiled)).decode(), None
 
 
-class _WorkerGone(Exception):
-    def __init__(self, kind: VerifierErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-@functools.lru_cache(maxsize=1)
-def _can_unshare_net() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    try:
-        return subprocess.run(["unshare", "--net", "true"], capture_output=True,
-                              timeout=5, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _import_roots() -> list[str]:
-    """Where the zygote finds ``envfarm.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
-    import pyseccomp
-
-    return sorted({str(Path(envfarm.__file__).resolve().parents[1]),
-                   str(Path(pyseccomp.__file__).resolve().parent)})
-
-
-class _Job:
-    """One verification's child, as the zygote reports it."""
-
-    def __init__(self) -> None:
-        self.pidfd: int | None = None
-        self.status: int | None = None
-        self.started = threading.Event()
-        self.ended = threading.Event()
-
-    def kill(self) -> None:
-        self.started.wait(1.0)
-        if self.pidfd is not None and not self.ended.is_set():
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-class _Zygote:
-    """The jailed zygote process, its control socket, and the thread reading what it reports."""
-
-    def __init__(self, config: SandboxConfig, stage_dir: str) -> None:
-        self.config = config
-        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        drop = config.drop_privileges and os.geteuid() == 0
-        zconf = json.dumps({
-            "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
-            "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "uid": _NOBODY if drop else None, "allow_unconfined": config.allow_unconfined})
-        cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
-        if config.isolate_network and _can_unshare_net():
-            cmd = ["unshare", "--net", "--", *cmd]
-        try:
-            self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True, cwd="/")
-        finally:
-            theirs.close()
-        self._jobs: dict[int, _Job] = {}
-        self._lock = threading.Lock()
-        self._seq = 0
-        self.jail = self._wait_ready()
-        self._reader = threading.Thread(target=self._read, name="verifier-zygote", daemon=True)
-        self._reader.start()
-
-    def _wait_ready(self) -> str:
-        ready, _, _ = select.select([self._sock], [], [], self.config.start_timeout_s)
-        msg = self._sock.recv(65536) if ready else b""
-        try:
-            hello = json.loads(msg) if msg else {}
-        except ValueError:
-            hello = {}
-        if not hello.get("ready"):
-            self.kill()
-            why = hello.get("error") or ("did not start in time" if not ready else "exited")
-            raise _WorkerGone(VerifierErrorKind.crashed, f"verifier zygote: {why}")
-        return str(hello.get("jail", ""))
-
-    def _read(self) -> None:
-        while True:
-            try:
-                msg = self._sock.recv(4096)
-            except OSError:
-                msg = b""
-            if not msg:
-                break
-            try:
-                note = json.loads(msg)
-                with self._lock:  # with forget(): a pidfd is closed exactly once
-                    job = self._jobs.get(note["id"])
-                    if job is not None and "pid" in note:
-                        try:
-                            job.pidfd = os.pidfd_open(int(note["pid"]))
-                        except OSError:
-                            pass  # already gone: its reply, or its end, says the rest
-                        job.started.set()
-                    elif job is not None and "status" in note:
-                        job.status = int(note["status"])
-                        job.ended.set()
-            except (ValueError, KeyError, TypeError):
-                continue
-        with self._lock:  # the zygote is gone: its children die with it (PR_SET_PDEATHSIG)
-            for job in self._jobs.values():
-                job.started.set()
-                job.ended.set()
-
-    def start(self, cpu_s: float, req_r: int, rep_w: int) -> tuple[int, _Job]:
-        job = _Job()
-        with self._lock:
-            self._seq += 1
-            job_id = self._seq
-            self._jobs[job_id] = job
-            try:
-                socket.send_fds(self._sock, [json.dumps({"id": job_id, "cpu_s": cpu_s}).encode()],
-                                [req_r, rep_w])
-            except OSError:
-                del self._jobs[job_id]
-                raise _WorkerGone(VerifierErrorKind.crashed, "verifier zygote is gone") from None
-        return job_id, job
-
-    def forget(self, job_id: int) -> None:
-        with self._lock:
-            job = self._jobs.pop(job_id, None)
-            if job is not None:
-                job.close()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._sock.close()
-
-
-def _ended(status: int | None) -> _WorkerGone:
-    """What a child's exit status means when it sent no reply."""
-    if status is None:
-        return _WorkerGone(VerifierErrorKind.crashed, "verifier process ended without a reply")
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU:
-            return _WorkerGone(VerifierErrorKind.cpu, "cpu time limit exceeded")
-        if sig == signal.SIGKILL:
-            return _WorkerGone(VerifierErrorKind.memory, "verifier process killed (memory?)")
-        return _WorkerGone(VerifierErrorKind.crashed,
-                           f"verifier process crashed ({signal.Signals(sig).name})")
-    return _WorkerGone(VerifierErrorKind.crashed,
-                       f"verifier process exited with status {os.WEXITSTATUS(status)}")
-
-
 _REPLY_KEYS = {True: {"ok", "result_json"}, False: {"ok", "kind", "error"}}
 
 
@@ -311,10 +116,10 @@ def _check_reply(reply: object) -> dict[str, Any]:
             and set(reply) == _REPLY_KEYS[reply["ok"]]
             and all(isinstance(reply[k], str) for k in reply if k != "ok")):
         return reply
-    raise _WorkerGone(VerifierErrorKind.crashed, "verifier process sent a malformed reply")
+    raise WorkerGone(VerifierErrorKind.crashed, "verifier process sent a malformed reply")
 
 
-def _shutdown(zygotes: list[_Zygote], stager: Stager) -> None:
+def _shutdown(zygotes: list[Zygote], stager: Stager) -> None:
     for z in list(zygotes):
         z.kill()
     stager.close()
@@ -334,17 +139,17 @@ class VerifierSandbox:
                                     **options)
         self._stager = Stager()
         self._lock = threading.Lock()
-        self._zygotes: list[_Zygote] = []  # the current one last; a list for the finalizer
+        self._zygotes: list[Zygote] = []  # the current one last; a list for the finalizer
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=self.config.workers,
                                             thread_name_prefix="verifier-sandbox")
         self._finalizer = weakref.finalize(self, _shutdown, self._zygotes, self._stager)
         try:
             self._zygote()
-        except _WorkerGone:
+        except WorkerGone:
             pass  # reported, typed, by each call until it starts
 
-    def _zygote(self) -> _Zygote:
+    def _zygote(self) -> Zygote:
         with self._lock:
             if self._closed:
                 raise RuntimeError("VerifierSandbox is closed")
@@ -353,7 +158,7 @@ class VerifierSandbox:
             for old in self._zygotes:
                 old.kill()
             self._zygotes.clear()
-            self._zygotes.append(_Zygote(self.config, self._stager.dir))
+            self._zygotes.append(Zygote(self.config, self._stager.dir))
             return self._zygotes[-1]
 
     @property
@@ -429,7 +234,7 @@ class VerifierSandbox:
             }
             try:
                 reply = self._call(request, timeout_s or self.config.timeout_s)
-            except _WorkerGone as gone:
+            except WorkerGone as gone:
                 return fail(gone.kind, gone.message)
         finally:
             for path, cached in staged:
@@ -454,7 +259,7 @@ class VerifierSandbox:
         data = json.dumps(request).encode()
         frame = len(data).to_bytes(4, "big") + data
         if len(frame) > _MAX_REQUEST:
-            raise _WorkerGone(VerifierErrorKind.bad_input,
+            raise WorkerGone(VerifierErrorKind.bad_input,
                               f"verifier request too large ({len(frame)} bytes)")
         zygote = self._zygote()
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
@@ -483,20 +288,20 @@ class VerifierSandbox:
                 size = int.from_bytes(read_exact(rep_r, 4, deadline), "big")
                 if size > self.config.max_result_bytes + (1 << 16):
                     job.kill()
-                    raise _WorkerGone(VerifierErrorKind.crashed,
+                    raise WorkerGone(VerifierErrorKind.crashed,
                                       "verifier process sent an oversized reply")
                 raw = read_exact(rep_r, size, deadline)
             except TimeoutError:
                 job.kill()
-                raise _WorkerGone(VerifierErrorKind.timeout,
+                raise WorkerGone(VerifierErrorKind.timeout,
                                   f"timeout after {timeout_s:g} s") from None
             except EOFError:
                 job.ended.wait(2.0)
-                raise _ended(job.status) from None
+                raise gone_for(job.status) from None
             try:
                 return _check_reply(json.loads(raw))
             except ValueError:
-                raise _WorkerGone(VerifierErrorKind.crashed,
+                raise WorkerGone(VerifierErrorKind.crashed,
                                   "verifier process sent an unreadable reply") from None
         finally:
             os.close(rep_r)
