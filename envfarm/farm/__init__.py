@@ -24,6 +24,8 @@ from envfarm.farm._status import (
 )
 from envfarm.farm._tenants import (
     ANONYMOUS,
+    KEYS_ENV,
+    TENANTS_ENV,
     Quota,
     Tenant,
     Tenants,
@@ -59,6 +61,8 @@ from envfarm.wire import (
 
 __all__ = [
     "ANONYMOUS",
+    "KEYS_ENV",
+    "TENANTS_ENV",
     "BadRequest",
     "BatchError",
     "BatchItem",

@@ -13,8 +13,13 @@ from ray.serve import Application
 
 from envfarm.catalog import load_catalog
 from envfarm.errors import ConfigError
-from envfarm.farm import FarmConfig, is_loopback, with_environ_tenants
-from envfarm.farm._tenants import KEYS_ENV, TENANTS_ENV
+from envfarm.farm import (
+    KEYS_ENV,
+    TENANTS_ENV,
+    FarmConfig,
+    is_loopback,
+    with_environ_tenants,
+)
 from envfarm.serve._build import FRONT_APP, front_deployment, plan, routes_of
 from envfarm.serve._ingress import current_proxy, pool_application
 from envfarm.serve._options import DeploymentOptions, ServeOptions
