@@ -54,9 +54,14 @@ async def _run(mock: MockOpenAI, tmp_path: Path, **cfg: object) -> Path:
 @needs_model
 def test_minilm_matches_sentence_transformers() -> None:
     ref = json.loads((FIXTURES / "minilm_reference.json").read_text())
-    ours = MiniLMEmbedder().embed_sync(ref["texts"])
+    model = MiniLMEmbedder()
+    ours = model.embed_sync(ref["texts"])
     assert np.allclose(ours[:, :16], np.asarray(ref["first_16_dims"]), atol=1e-5)
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    # padded batches of mixed lengths give each text what it gets alone
+    alone = np.stack([model.embed_sync([t])[0] for t in ref["texts"]])
+    assert len({len(t) for t in ref["texts"]}) > 1 and np.allclose(ours, alone, atol=1e-5)
+    assert np.allclose(model.embed_sync(ref["texts"], batch=2), alone, atol=1e-5)
 
 
 @needs_model
