@@ -188,7 +188,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.cold_cpu:
         result = cold_start_cpu(args.source)
-        (OUT.parent / "on_demand_cold_cpu.json").write_text(json.dumps(result, indent=1))
+        out = args.out if args.out != OUT else OUT.parent / "on_demand_cold_cpu.json"
+        out.write_text(json.dumps(result, indent=1))
         print(json.dumps(result, indent=1))
         return
 
