@@ -5,7 +5,9 @@ Starts ``envfarm serve --no-ray`` (jailed env workers) on a generated 1,000-type
 
 - ready: seconds from the process start to ``/healthz`` answering (target <= 60 s);
 - first lease of a cold type (cold start: a spare worker loads the code) and of a warm one
-  (p50 targets 2 s and 2 ms), the probe's share (first clone of a code vs later clones);
+  (p50 targets 2 s and 2 ms; the warm one also as the farm's own part, read from
+  ``envfarm_lease_acquire_seconds`` around it), the probe's share (first clone of a code vs
+  later clones);
 - a trainer-like loop: ``--steps`` steps, each 16 leases x 64 types never used before
   (1,024 leases), one tool call per lease, all released; 0 errors expected; total PSS of the
   farm and every worker at the step's peak (target <= 8 GiB); between steps a pause as long
@@ -14,6 +16,7 @@ Starts ``envfarm serve --no-ray`` (jailed env workers) on a generated 1,000-type
 
     unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_on_demand.py'
         [--types 1000] [--steps 3] [--step-types 64] [--per-type 16] [--source AWM_FOLDER]
+        [--max-loaded 128] [--pause S]
 """
 
 from __future__ import annotations
@@ -58,20 +61,39 @@ async def _release(client, info: dict) -> None:
     r.raise_for_status()
 
 
+async def _acquire_sum_s(client, env: str) -> float:
+    """The farm's own time in lease creation for ``env`` so far: the sum of its
+    ``envfarm_lease_acquire_seconds`` histogram (from the request's arrival in the core to
+    the lease's record; no HTTP, no JSON)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await client.get("/metrics")).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "envfarm_lease_acquire_seconds":
+            return sum(s.value for s in family.samples
+                       if s.name.endswith("_sum") and s.labels.get("env") == env)
+    return 0.0
+
+
 async def first_leases(client, envs: list[str], bases_seen: set[str]) -> dict[str, Any]:
-    """One cold then one warm lease per type, one type at a time."""
-    probed, cached, warm = [], [], []
+    """One cold then one warm lease per type, one type at a time; a warm lease's own part in
+    the farm is read from ``/metrics`` around it (its HTTP round trip is the rest)."""
+    probed, cached, warm, warm_farm = [], [], [], []
     for env in envs:
         cold_s, a = await _lease(client, env)
         base = env.split("__c")[0]
         (cached if base in bases_seen else probed).append(cold_s)
         bases_seen.add(base)
+        before = await _acquire_sum_s(client, env)
         warm_s, b = await _lease(client, env)
+        warm_farm.append(await _acquire_sum_s(client, env) - before)
         warm.append(warm_s)
         for info in (a, b):
             await _release(client, info)
     return {"cold_p50_ms": _p50_ms(probed + cached), "cold_probed_p50_ms": _p50_ms(probed),
             "cold_probe_cached_p50_ms": _p50_ms(cached), "warm_p50_ms": _p50_ms(warm),
+            "warm_in_farm_p50_ms": round(statistics.median(warm_farm) * 1000, 3),
+            "warm_in_farm_max_ms": round(max(warm_farm) * 1000, 3),
             "cold_n": len(probed + cached)}
 
 
@@ -131,7 +153,7 @@ async def drive(url: str, farm_pid: int, names: list[str], args) -> dict[str, An
             envs = ok[start + k * args.step_types:start + (k + 1) * args.step_types]
             out["steps"].append(await step(client, envs, args.per_type, farm_pid))
             print(json.dumps(out["steps"][-1]), flush=True)
-            await asyncio.sleep(args.evict_idle + 3)  # the trainer trains; idle types go
+            await asyncio.sleep(args.pause)  # the trainer trains; idle types go
             out["steps"][-1]["pss_mib_after_eviction"] = pss_mib(farm_pid)
         out["types"] = (await client.get("/status.json")).json()["types"]
     return out
@@ -180,12 +202,19 @@ def main() -> None:
     parser.add_argument("--per-type", type=int, default=16)
     parser.add_argument("--cold-samples", type=int, default=12)
     parser.add_argument("--evict-idle", type=float, default=15.0)
+    parser.add_argument("--pause", type=float, help="seconds between steps (default: "
+                        "--evict-idle + 3, so every idle type is evicted in between)")
+    parser.add_argument("--max-loaded", type=int, default=128,
+                        help="the farm's cap on loaded types (with --pause 0 and a cap of "
+                             "--step-types, each step's types evict the last step's)")
     parser.add_argument("--source", type=Path, action="append")
     parser.add_argument("--port", type=int, default=8771)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--cold-cpu", action="store_true",
                         help="only measure the CPU of one cold start per source env")
     args = parser.parse_args()
+    if args.pause is None:
+        args.pause = args.evict_idle + 3
     if args.cold_cpu:
         result = cold_start_cpu(args.source)
         out = args.out if args.out != OUT else OUT.parent / "on_demand_cold_cpu.json"
@@ -195,13 +224,15 @@ def main() -> None:
 
     import httpx
 
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="envfarm-1k-") as tmp:
         names = make_catalog(Path(tmp), args.types, args.source, broken=1)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-c", "from envfarm.cli import app; app()", "serve", "--no-ray",
-             "--catalog", tmp, "--port", str(args.port), "--evict-idle", str(args.evict_idle)],
+             "--catalog", tmp, "--port", str(args.port), "--evict-idle", str(args.evict_idle),
+             "--max-loaded", str(args.max_loaded)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{args.port}"
         try:
@@ -221,9 +252,10 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
-              "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+              "load_average_start": load_at_start, "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                       time.gmtime()),
-              "catalog_types": args.types, "ready_s": round(ready_s, 1), **result}
+              "catalog_types": args.types, "max_loaded": args.max_loaded, "pause_s": args.pause,
+              "ready_s": round(ready_s, 1), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

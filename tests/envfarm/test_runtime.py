@@ -136,7 +136,11 @@ def test_an_app_that_changes_its_own_openapi_gets_it_generated_twice():
     from envfarm._tools import openapi_for_tools
 
     plain = FastAPI()
-    plain.get("/items", operation_id="list_items")(lambda: [])
+
+    @plain.get("/items", operation_id="list_items")
+    def list_items() -> list[str]:
+        return []
+
     assert openapi_for_tools(plain)["paths"]["/items"]["get"]["operationId"] == "list_items"
     custom = FastAPI()
     custom.openapi = lambda: {"paths": {}}
