@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,11 +105,14 @@ async def step(client, envs: list[str], per_type: int, farm_pid: int) -> dict[st
 
     async def one(env: str) -> dict | None:
         async with gate:
+            stage = "lease"
             try:
                 _, info = await _lease(client, env)
                 auth = {"Authorization": f"Bearer {info['token']}"}
                 path = f"/envs/{env}/leases/{info['lease_id']}"
+                stage = "tools"
                 tools = (await client.get(path + "/tools", headers=auth)).json()
+                stage = "call"
                 r = await client.post(path + "/call", headers=auth,
                                       json={"tool": tools[0]["name"], "arguments": {}})
                 body = r.json()
@@ -117,7 +121,8 @@ async def step(client, envs: list[str], per_type: int, farm_pid: int) -> dict[st
                     errors.append(f"{env}: call {r.status_code} {r.text[:200]}")
                 return info
             except Exception as exc:  # noqa: BLE001 - each one is counted: the target is 0
-                errors.append(f"{env}: {type(exc).__name__} {str(exc)[:200]}")
+                errors.append(f"{env}: {stage}: {type(exc).__name__} {str(exc)[:200]} "
+                              f"{exc.__cause__!r}")
                 return None
 
     t0 = time.perf_counter()
@@ -194,6 +199,85 @@ def cold_start_cpu(sources: list[Path] | None) -> dict[str, Any]:
     return out
 
 
+class _Laps(dict):
+    """CPU milliseconds per stage, each lap since the last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mark = time.process_time()
+
+    def lap(self, stage: str) -> None:
+        now = time.process_time()
+        self[stage] = round((now - self.mark) * 1000, 1)
+        self.mark = now
+
+
+def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
+    """Where a cold start's CPU goes, stage by stage (CPU ms), replayed in this process as a
+    worker does it (without the jail): the front encodes the ``load`` message, the worker
+    decodes it, runs the env's module and builds its database, reads its tools (and the
+    OpenAPI of its MCP listing: one generation), probes module state, and encodes its reply;
+    the front decodes it and renders the MCP listing. Plus the worker's own start (imports)."""
+    import asyncio as aio
+
+    started = time.process_time()
+    import fastapi  # noqa: F401 - what a worker imports before its jail
+    import sqlalchemy.orm  # noqa: F401
+
+    import envfarm.runtime
+    imports_ms = (time.process_time() - started) * 1000
+    from envfarm import _binding
+    from envfarm._tools import extract_operations, openapi_for_tools
+    from envfarm.catalog import BUNDLED_CATALOG, load_catalog
+    from envfarm.check import module_state_leaks
+    from envfarm.farm._schemas import render_tools
+    from envfarm.models import EnvBundle, ToolSpec
+    from envfarm.template import build_template
+    from envfarm.worker import _frames
+
+    rows: dict[str, dict[str, float]] = {}
+    for source in sources or [BUNDLED_CATALOG]:
+        catalog = load_catalog(source, check_code=False)
+        for name in catalog.servable:
+            row = _Laps()
+            lap = row.lap
+            frame = _frames.encode({"op": "load", "bundle": catalog[name].model_dump(
+                mode="json", include={"name", "code", "db_schema", "sample_data", "api_spec"})})
+            lap("front_encode_load")
+            bundle = EnvBundle.model_validate(_frames.decode(frame[4:])[0]["bundle"])
+            lap("worker_decode_load")
+            module_ms: list[float] = []
+
+            def load(conn, bundle=bundle, module_ms=module_ms) -> None:
+                t0 = time.process_time()
+                _binding.load_module(bundle.name, bundle.code, conn)
+                module_ms.append((time.process_time() - t0) * 1000)
+
+            build_template(bundle.db_schema, bundle.sample_data, before_inserts=load)
+            lap("module_and_database")
+            row["of_which_module"] = round(module_ms[0], 1)
+            runtime = envfarm.runtime.EnvRuntime(bundle)  # again: its tools, timed below
+            row.mark = time.process_time()
+            runtime.operations, _ = extract_operations(runtime.app,
+                                                       openapi_for_tools(runtime.app))
+            lap("tools_and_openapi")
+            aio.run(module_state_leaks(runtime))
+            lap("probe")
+            reply = _frames.encode({"tools": [t.model_dump() for t in runtime.tools],
+                                    "openapi": runtime.mcp_openapi()}, runtime.template.data)
+            lap("worker_encode_reply")
+
+            head = _frames.decode(reply[4:])[0]
+            render_tools(SimpleNamespace(name=name, openapi=head["openapi"], tools=[
+                ToolSpec.model_validate(t) for t in head["tools"]]))
+            lap("front_decode_and_render")
+            row["load_kb"], row["reply_kb"] = len(frame) // 1024, len(reply) // 1024
+            rows[name] = dict(row)
+    stages = [k for k in next(iter(rows.values())) if not k.endswith("_kb")]
+    return {"worker_imports_ms": round(imports_ms, 1), "types": rows,
+            "median_ms": {k: statistics.median(r[k] for r in rows.values()) for k in stages}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--types", type=int, default=1000)
@@ -212,9 +296,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--cold-cpu", action="store_true",
                         help="only measure the CPU of one cold start per source env")
+    parser.add_argument("--cold-stages", action="store_true",
+                        help="only split one cold start's CPU into its stages, per source env")
     args = parser.parse_args()
     if args.pause is None:
         args.pause = args.evict_idle + 3
+    if args.cold_stages:
+        result = cold_start_stages(args.source)
+        out = args.out if args.out != OUT else OUT.parent / "on_demand_cold_stages.json"
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["median_ms"], indent=1))
+        return
     if args.cold_cpu:
         result = cold_start_cpu(args.source)
         out = args.out if args.out != OUT else OUT.parent / "on_demand_cold_cpu.json"
@@ -228,12 +320,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="envfarm-1k-") as tmp:
         names = make_catalog(Path(tmp), args.types, args.source, broken=1)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        farm_log = args.out.with_suffix(".farm.log").open("w")  # its warnings, if any
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-c", "from envfarm.cli import app; app()", "serve", "--no-ray",
              "--catalog", tmp, "--port", str(args.port), "--evict-idle", str(args.evict_idle),
              "--max-loaded", str(args.max_loaded)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=env, stdout=subprocess.DEVNULL, stderr=farm_log)
         url = f"http://127.0.0.1:{args.port}"
         try:
             while True:
@@ -251,9 +345,10 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+            farm_log.close()
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
-              "load_average_start": load_at_start, "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                      time.gmtime()),
+              "load_average_start": load_at_start, "load_average": os.getloadavg(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "catalog_types": args.types, "max_loaded": args.max_loaded, "pause_s": args.pause,
               "ready_s": round(ready_s, 1), **result}
     args.out.parent.mkdir(parents=True, exist_ok=True)
