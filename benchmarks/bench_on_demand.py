@@ -62,35 +62,38 @@ async def _release(client, info: dict) -> None:
     r.raise_for_status()
 
 
-async def _acquire_sum_s(client, env: str) -> float:
-    """The farm's own time in lease creation for ``env`` so far: the sum of its
+async def _acquire_sums_s(client) -> dict[str, float]:
+    """The farm's own time in lease creation so far, per env: the sums of its
     ``envfarm_lease_acquire_seconds`` histogram (from the request's arrival in the core to
     the lease's record; no HTTP, no JSON)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = (await client.get("/metrics")).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "envfarm_lease_acquire_seconds":
-            return sum(s.value for s in family.samples
-                       if s.name.endswith("_sum") and s.labels.get("env") == env)
-    return 0.0
+    return {s.labels["env"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "envfarm_lease_acquire_seconds"
+            for s in family.samples if s.name.endswith("_sum")}
 
 
 async def first_leases(client, envs: list[str], bases_seen: set[str]) -> dict[str, Any]:
-    """One cold then one warm lease per type, one type at a time; a warm lease's own part in
-    the farm is read from ``/metrics`` around it (its HTTP round trip is the rest)."""
-    probed, cached, warm, warm_farm = [], [], [], []
+    """A cold lease of each type, one type at a time, then a warm one of each; the warm
+    leases' own part in the farm is read from ``/metrics`` before and after them (scraped
+    outside the timed requests; the HTTP round trip is the rest)."""
+    probed, cached, warm, held = [], [], [], []
     for env in envs:
-        cold_s, a = await _lease(client, env)
+        cold_s, info = await _lease(client, env)
         base = env.split("__c")[0]
         (cached if base in bases_seen else probed).append(cold_s)
         bases_seen.add(base)
-        before = await _acquire_sum_s(client, env)
-        warm_s, b = await _lease(client, env)
-        warm_farm.append(await _acquire_sum_s(client, env) - before)
+        held.append(info)
+    before = await _acquire_sums_s(client)
+    for env in envs:
+        warm_s, info = await _lease(client, env)
         warm.append(warm_s)
-        for info in (a, b):
-            await _release(client, info)
+        held.append(info)
+    after = await _acquire_sums_s(client)
+    warm_farm = [after[env] - before[env] for env in envs]
+    for info in held:
+        await _release(client, info)
     return {"cold_p50_ms": _p50_ms(probed + cached), "cold_probed_p50_ms": _p50_ms(probed),
             "cold_probe_cached_p50_ms": _p50_ms(cached), "warm_p50_ms": _p50_ms(warm),
             "warm_in_farm_p50_ms": round(statistics.median(warm_farm) * 1000, 3),
@@ -275,7 +278,8 @@ def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
             rows[name] = dict(row)
     stages = [k for k in next(iter(rows.values())) if not k.endswith("_kb")]
     return {"worker_imports_ms": round(imports_ms, 1), "types": rows,
-            "median_ms": {k: statistics.median(r[k] for r in rows.values()) for k in stages}}
+            "median_ms": {k: round(statistics.median(r[k] for r in rows.values()), 1)
+                          for k in stages}}
 
 
 def main() -> None:
