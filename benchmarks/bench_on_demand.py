@@ -92,12 +92,18 @@ async def first_leases(client, envs: list[str], bases_seen: set[str]) -> dict[st
         held.append(info)
     after = await _acquire_sums_s(client)
     warm_farm = [after[env] - before[env] for env in envs]
+    floor = []  # this machine's HTTP round trip right now: a request that does nothing
+    for _ in envs:
+        t0 = time.perf_counter()
+        (await client.get("/healthz")).raise_for_status()
+        floor.append(time.perf_counter() - t0)
     for info in held:
         await _release(client, info)
     return {"cold_p50_ms": _p50_ms(probed + cached), "cold_probed_p50_ms": _p50_ms(probed),
             "cold_probe_cached_p50_ms": _p50_ms(cached), "warm_p50_ms": _p50_ms(warm),
             "warm_in_farm_p50_ms": round(statistics.median(warm_farm) * 1000, 3),
             "warm_in_farm_max_ms": round(max(warm_farm) * 1000, 3),
+            "healthz_p50_ms": _p50_ms(floor),
             "cold_n": len(probed + cached)}
 
 
