@@ -220,7 +220,9 @@ class FarmCore:
     def _reread_bundle(self, name: str) -> None:
         """Take a broken type's records from the catalog as it is now (in a cold-start thread;
         the other types keep the catalog read at start)."""
-        printed = catalog_fingerprint(self.catalog.root)
+        # This version counts as read even if it fails: the next try waits for the backoff
+        # or another change (a catalog that stays unreadable is not re-read every request).
+        self._reread[name] = catalog_fingerprint(self.catalog.root)
         try:
             fresh = load_catalog(self.catalog.root, check_code=False, only={name})
         except EnvfarmError as exc:
@@ -230,7 +232,6 @@ class FarmCore:
             raise EnvLoadError(f"env {name!r} has no code to serve in the changed catalog",
                                env=name)
         self.catalog.bundles[name] = fresh[name]
-        self._reread[name] = printed
 
     def _close_envs_now(self) -> None:
         for served in self.envs.values():

@@ -214,12 +214,12 @@ async def test_the_cap_evicts_the_least_recently_used_idle_type_and_refuses_when
         await core.aclose()
 
 
-def _set_code(folder: Path, name: str, code: str) -> None:
+def _set_code(folder: Path, name: str, code: str | None) -> None:
+    """Rewrite ``name``'s record in gen_envs.jsonl (None: remove it)."""
     path = folder / "gen_envs.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    for row in rows:
-        if row["scenario"] == name:
-            row["full_code"] = code
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["scenario"] != name]
+    if code is not None:
+        rows.append({"scenario": name, "db_path": f"{name}.db", "full_code": code})
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -243,12 +243,20 @@ async def test_a_broken_type_is_retried_after_its_backoff_and_when_the_catalog_c
         assert core.registry.broken[broken].failures == 2
         assert sum(p.startswith(f"{broken}: ") for p in core.problems) == 1
 
+        # Changed on disk but still not servable: re-read once at once, then it waits again
+        # (an unreadable change is not re-read at every request).
+        _set_code(tmp_path, broken, None)
+        for _ in range(2):
+            with pytest.raises(EnvBroken, match="no code to serve in the changed catalog"):
+                await core.create_lease(broken, LeaseRequest())
+        assert core.registry.counts().broken_retries == 2
+
         # Fixed on disk: the next request loads it at once, inside its backoff.
         _set_code(tmp_path, broken, core.catalog[fine].code)
         info = await core.create_lease(broken, LeaseRequest())
         assert info.env == broken and core.registry.state(broken) is EnvState.loaded
         counts = core.registry.counts()
-        assert (counts.broken, counts.broken_retries) == (0, 2)
+        assert (counts.broken, counts.broken_retries) == (0, 3)
         assert not any(p.startswith(f"{broken}: ") for p in core.problems)
         assert core.catalog[fine].code == core.catalog[broken].code
         core.release(broken, info.lease_id, info.token)
