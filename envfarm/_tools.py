@@ -81,11 +81,14 @@ def _dumps(value: Any) -> bytes:
         raise AgentError(f"arguments are not valid JSON: {exc}") from exc
 
 
-def extract_operations(app) -> tuple[dict[str, Operation], list[str]]:
-    """Operations by tool name (operation_id), plus problems found (e.g. duplicate ids)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # generated apps often have duplicate-id warnings
-        openapi = app.openapi()
+def extract_operations(app, openapi: dict[str, Any] | None = None
+                       ) -> tuple[dict[str, Operation], list[str]]:
+    """Operations by tool name (operation_id), plus problems found (e.g. duplicate ids).
+    ``openapi``: the app's document made already (``openapi_for_tools``); else ``app.openapi()``."""
+    if openapi is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # generated apps often have duplicate-id warnings
+            openapi = app.openapi()
     components = openapi.get("components", {}).get("schemas", {})
     ops: dict[str, Operation] = {}
     problems: list[str] = []
@@ -193,5 +196,24 @@ def openapi_as_fastapi_mcp(app: Any) -> dict[str, Any]:
     what ``envfarm.farm`` renders MCP tool listings from, as AWM's server does."""
     from fastapi.openapi.utils import get_openapi
 
-    return get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
-                       description=app.description, routes=app.routes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # duplicate operation ids, as in extract_operations
+        return get_openapi(title=app.title, version=app.version,
+                           openapi_version=app.openapi_version, description=app.description,
+                           routes=app.routes)
+
+
+def openapi_for_tools(app: Any) -> dict[str, Any] | None:
+    """``openapi_as_fastapi_mcp(app)`` when the tools read from it are those ``app.openapi()``
+    gives, so one schema generation serves both (each costs ~0.1 CPU-s per env: a third of a
+    cold start). None where they may differ: an app that overrides its ``openapi``, has
+    webhooks, or merges input and output schemas; or whose schema does not render this way."""
+    from fastapi import FastAPI
+
+    if (not isinstance(app, FastAPI) or "openapi" in vars(app) or app.webhooks.routes
+            or not app.separate_input_output_schemas):
+        return None
+    try:
+        return openapi_as_fastapi_mcp(app)
+    except Exception:  # noqa: BLE001 - generated code's schema: app.openapi() then says why
+        return None

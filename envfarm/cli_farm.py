@@ -72,6 +72,9 @@ HotOpt = Annotated[str | None, typer.Option(
     "--hot", help="Comma-separated types loaded at start and never evicted (on demand).")]
 EvictIdleOpt = Annotated[float, typer.Option(
     "--evict-idle", min=1, help="Seconds without a lease before a loaded type is evicted.")]
+MaxLoadedOpt = Annotated[int, typer.Option(
+    "--max-loaded", min=1, help="Most env types loaded at once (on demand; per process or "
+                                "replica): one more evicts the least recently used idle type.")]
 TenantsOpt = Annotated[Path | None, typer.Option(
     "--tenants", envvar="ENVFARM_TENANTS",
     help="Tenants file (YAML: name, key_sha256, max_leases, leases_per_s, calls_per_s); "
@@ -89,12 +92,13 @@ def _config(catalog: Path | None, envs: str | None, warm: int,
             tenants: TenantsConfig | None = None, in_process: bool = False,
             allow_unconfined: bool = False, leases_per_worker: int = 64,
             on_demand: bool | None = None, hot: str | None = None,
-            evict_idle_s: float = 300.0) -> FarmConfig:
+            evict_idle_s: float = 300.0, max_loaded: int = 128) -> FarmConfig:
     return FarmConfig(catalog=str(catalog) if catalog else None, envs=_names(envs),
                       pool=PoolConfig(warm=warm), tenants=tenants or TenantsConfig(),
                       isolation="in_process" if in_process else "workers",
                       allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker,
-                      on_demand=on_demand, hot=_names(hot) or [], evict_idle_s=evict_idle_s)
+                      on_demand=on_demand, hot=_names(hot) or [], evict_idle_s=evict_idle_s,
+                      max_loaded_types=max_loaded)
 
 
 def tenants_config(path: Path | None, keys: list[str] | None, host: str) -> TenantsConfig:
@@ -162,6 +166,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           in_process: InProcessOpt = False, allow_unconfined: UnconfinedOpt = False,
           leases_per_worker: LeasesPerWorkerOpt = 64,
           on_demand: OnDemandOpt = None, hot: HotOpt = None, evict_idle: EvictIdleOpt = 300.0,
+          max_loaded: MaxLoadedOpt = 128,
           tenants: TenantsOpt = None, api_key: ApiKeyOpt = None,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
@@ -170,7 +175,7 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
     try:
         tenant_config = tenants_config(tenants, api_key, host)
         config = _config(catalog, envs, warm, tenant_config, in_process, allow_unconfined,
-                         leases_per_worker, on_demand, hot, evict_idle)
+                         leases_per_worker, on_demand, hot, evict_idle, max_loaded)
         if write_config is None:
             _say_who_may_lease(tenant_config)
         if write_config is not None:

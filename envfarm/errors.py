@@ -19,7 +19,8 @@
     │   ├── LeaseForbidden           wrong bearer token                     403
     │   ├── LeaseGone                owner replica gone, expired or closed  410
     │   ├── PoolExhausted            no instance available                  503
-    │   │   └── FarmNotReady         envs not yet routable with warm instances 503
+    │   │   ├── FarmNotReady         envs not yet routable with warm instances 503
+    │   │   └── TooManyTypesLoaded   an on-demand farm at its cap of loaded types, all in use 503
     │   ├── KeyMissing               no farm API key where one is required  401
     │   ├── KeyInvalid               a farm API key the farm does not know   403
     │   └── QuotaExceeded            a tenant's quota is used up            429
@@ -67,6 +68,7 @@ __all__ = [
     "QuotaExceeded",
     "SynthesisError",
     "TaskNotFound",
+    "TooManyTypesLoaded",
     "ToolCallError",
     "TransportError",
     "VerifierError",
@@ -148,8 +150,8 @@ class EnvLoadError(EnvfarmError):
 
 
 class EnvBroken(EnvLoadError):
-    """An on-demand env type failed to load at its first use; it stays marked broken (every
-    other type keeps serving)."""
+    """An on-demand env type failed to load; it stays marked broken (every other type keeps
+    serving) until its load is retried, after ``retry_after_s`` or once the catalog changed."""
 
 
 class ToolCallError(EnvfarmError):
@@ -250,6 +252,11 @@ class FarmNotReady(PoolExhausted):
     ``retry_after_s`` (sent as ``Retry-After``)."""
 
 
+class TooManyTypesLoaded(PoolExhausted):
+    """An on-demand farm holds its cap of loaded types (``max_loaded``) and every one of them
+    has leases: none can be evicted to load another. Carries ``retry_after_s``."""
+
+
 class KeyMissing(LeaseError):
     """The farm requires an API key (``X-Envfarm-Key``) to create leases; none was sent."""
 
@@ -319,7 +326,7 @@ HTTP_STATUS: dict[type[EnvfarmError], int] = {
         CatalogError, ConfigError, EnvNotFound, EnvLoadError, EnvBroken, AgentError,
         EnvCallError, LeaseError, BadRequest, MalformedJSON,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
-        LeaseGone, PoolExhausted, FarmNotReady, KeyMissing, KeyInvalid, QuotaExceeded,
+        LeaseGone, PoolExhausted, FarmNotReady, TooManyTypesLoaded, KeyMissing, KeyInvalid, QuotaExceeded,
         ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
         TransportError,
     )

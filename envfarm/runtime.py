@@ -18,7 +18,12 @@ from typing import Any
 from envfarm import _binding, _guard, _sqlite_guard
 from envfarm._asgi import asgi_request, decode_body
 from envfarm._guard import Tracked
-from envfarm._tools import Operation, extract_operations
+from envfarm._tools import (
+    Operation,
+    extract_operations,
+    openapi_as_fastapi_mcp,
+    openapi_for_tools,
+)
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
 from envfarm.template import TemplateBuild, build_template, open_memory_db
@@ -59,13 +64,21 @@ class EnvRuntime:
                                                       before_inserts=load)
         self.module = loaded["module"]
         self.app = _binding.find_app(bundle.name, self.module)
-        self.operations, self.problems = extract_operations(self.app)
+        self._mcp_openapi = openapi_for_tools(self.app)
+        self.operations, self.problems = extract_operations(self.app, self._mcp_openapi)
         self.problems += self.template.errors
         self.build_seconds = time.perf_counter() - started
 
     @property
     def tools(self) -> list[ToolSpec]:
         return [op.spec for op in self.operations.values()]
+
+    def mcp_openapi(self) -> dict[str, Any]:
+        """The app's OpenAPI as fastapi-mcp generates it (MCP listings are rendered from it);
+        made once, with the tools where it can be (``openapi_for_tools``)."""
+        if self._mcp_openapi is None:
+            self._mcp_openapi = openapi_as_fastapi_mcp(self.app)
+        return self._mcp_openapi
 
     def instance(self) -> Instance:
         return Instance(self)

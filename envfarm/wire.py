@@ -110,7 +110,15 @@ class TypeCounts(_Wire):
     cold: int = Field(default=0, description="Types that cost nothing until leased.")
     broken: int = Field(default=0, description="Types that failed to load (skipped).")
     cold_starts: int = Field(default=0, description="Loads at first use since start.")
-    evictions: int = Field(default=0, description="Idle types unloaded since start.")
+    evictions: int = Field(default=0, description="Types unloaded since start (idle, or "
+                           "to make room under the cap).")
+    max_loaded: int = Field(default=0, description="Cap on loaded + loading types (0: none).")
+    evicted_for_room: int = Field(default=0, description=(
+        "Evictions of the least recently used idle type to load another under the cap."))
+    refused_at_cap: int = Field(default=0, description=(
+        "Cold starts refused (TooManyTypesLoaded): at the cap, every loaded type in use."))
+    broken_retries: int = Field(default=0, description=(
+        "Loads of broken types tried again (after their backoff, or a catalog change)."))
 
     def __add__(self, other: TypeCounts) -> TypeCounts:
         return TypeCounts(**{k: getattr(self, k) + getattr(other, k)

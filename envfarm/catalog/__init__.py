@@ -4,8 +4,10 @@ from envfarm.catalog._loader import (
     AWM_FILES,
     BUNDLED_CATALOG,
     Catalog,
+    catalog_fingerprint,
     load_catalog,
     normalize_name,
 )
 
-__all__ = ["AWM_FILES", "BUNDLED_CATALOG", "Catalog", "load_catalog", "normalize_name"]
+__all__ = ["AWM_FILES", "BUNDLED_CATALOG", "Catalog", "catalog_fingerprint", "load_catalog",
+           "normalize_name"]

@@ -61,12 +61,14 @@ class Catalog:
         return len(self.bundles)
 
 
-def load_catalog(path: str | Path | None = None, *, check_code: bool = True) -> Catalog:
+def load_catalog(path: str | Path | None = None, *, check_code: bool = True,
+                 only: set[str] | None = None) -> Catalog:
     """Load a folder of AWM JSONL files, or a folder whose subfolders each hold such files.
 
     ``None`` loads the catalog bundled with envfarm. ``check_code=False`` skips compiling every
     env's and verifier's code for its syntax problems (~90 % of the time at 1,000 types): a
     farm compiles an env's code where it runs it, at load, and reports the failure there.
+    ``only``: keep just these (normalized) env names (every file is still read).
     """
     root = Path(path) if path is not None else BUNDLED_CATALOG
     if not root.is_dir():
@@ -76,10 +78,27 @@ def load_catalog(path: str | Path | None = None, *, check_code: bool = True) -> 
     if not folders:
         raise CatalogError(f"{root} holds no AWM files (expected some of: {', '.join(AWM_FILES)})",
                            path=str(root))
-    builder = _Builder(check_code)
+    builder = _Builder(check_code, only)
     for folder in folders:
         builder.read_folder(folder)
     return Catalog(builder.finish(), builder.catalog_problems, root)
+
+
+def catalog_fingerprint(root: str | Path) -> tuple:
+    """What changes when a catalog folder's AWM files change on disk: each file's path,
+    size and modification time (stat calls only; nothing is read)."""
+    root = Path(root)
+    if not root.is_dir():
+        return ()
+    out = []
+    for folder in [root] + sorted(p for p in root.iterdir() if p.is_dir()):
+        for name in AWM_FILES:
+            try:
+                st = (folder / name).stat()
+            except OSError:
+                continue
+            out.append((str(folder / name), st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _has_awm_files(folder: Path) -> bool:
@@ -87,8 +106,9 @@ def _has_awm_files(folder: Path) -> bool:
 
 
 class _Builder:
-    def __init__(self, check_code: bool = True) -> None:
+    def __init__(self, check_code: bool = True, only: set[str] | None = None) -> None:
         self.check_code = check_code
+        self.only = only
         self.envs: dict[str, dict[str, Any]] = {}
         self.catalog_problems: list[str] = []
 
@@ -102,6 +122,8 @@ class _Builder:
                 scenario = record.get("scenario", record.get("name"))
                 if not isinstance(scenario, str) or not scenario.strip():
                     self.catalog_problems.append(f"{where}: record without a scenario name")
+                    continue
+                if self.only is not None and normalize_name(scenario) not in self.only:
                     continue
                 env = self.env(scenario)
                 try:

@@ -126,10 +126,12 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         return core.detail(env)
 
     @app.post("/envs/{env}/warm", response_model=EnvDetail, tags=["catalog"],
-              responses={404: _ERRORS[404], 500: {"model": ErrorBody}})
-    async def warm_env(env: EnvName) -> EnvDetail:
-        """Load the env now (on-demand farms): its first lease then skips the cold start."""
-        return await core.warm(env)
+              responses={k: _ERRORS[k] for k in (401, 403, 404, 503)}
+              | {500: {"model": ErrorBody}}, dependencies=_key)
+    async def warm_env(request: Request, env: EnvName) -> EnvDetail:
+        """Load the env now (on-demand farms): its first lease then skips the cold start.
+        Takes the farm API key of lease creation (a cold start costs a worker)."""
+        return await core.warm(env, request.headers.get(KEY_HEADER))
 
     create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 413, 422, 429, 503)}
 

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 
-
 #: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
 ON_DEMAND_ABOVE = 16
 
@@ -83,6 +82,13 @@ class FarmConfig(BaseModel):
         "about to use."))
     evict_idle_s: float = Field(default=300.0, gt=0, description=(
         "An on-demand type with no lease for this long is evicted: its workers stop."))
+    max_loaded_types: int | None = Field(default=128, ge=1, description=(
+        "On-demand farms: at most this many types loaded (or loading) at once in this "
+        "process; loading one more first evicts the least recently used type with no lease "
+        "(~60 MiB per type's worker: 128 types are ~8 GiB). None: no cap."))
+    broken_retry_s: float = Field(default=60.0, gt=0, description=(
+        "A type that failed to load is tried again after this, doubling with each failure "
+        "(at most an hour), or at once when the catalog files changed."))
     spare_workers: int | None = Field(default=None, ge=0, le=64, description=(
         "Env workers started ahead of need (imports done, jailed, no env yet): a cold start "
         "or a new worker takes one and only loads code. None: 2 on on-demand farms, else 0."))

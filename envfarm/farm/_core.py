@@ -20,8 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from envfarm.catalog import Catalog, load_catalog, normalize_name
+from envfarm.catalog import Catalog, catalog_fingerprint, load_catalog, normalize_name
 from envfarm.errors import (
+    ConfigError,
     ConfinementUnavailable,
     EnvfarmError,
     EnvLoadError,
@@ -106,6 +107,9 @@ class LeaseRecord:
 class FarmCore:
     """Envs, pools and leases of one process (or one Serve replica)."""
 
+    #: How often a broken type's request may stat the catalog files for a change.
+    catalog_stat_every_s = 2.0
+
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
                  runtimes: dict[str, EnvRuntime] | None = None,
@@ -137,6 +141,15 @@ class FarmCore:
         for name in hot:
             if name not in names:
                 raise EnvNotFound(f"hot env {name!r} is not served here", env=name)
+        if on_demand and config.max_loaded_types is not None \
+                and len(hot) > config.max_loaded_types:
+            raise ConfigError(f"{len(hot)} hot types exceed the cap of "
+                              f"{config.max_loaded_types} loaded types (--max-loaded)")
+        #: the catalog files as read, at start and per type re-read since (a broken type is
+        #: re-read when they change); the files' state now is stat'ed at most every 2 s
+        self._catalog_read = catalog_fingerprint(self.catalog.root) if on_demand else ()
+        self._reread: dict[str, tuple] = {}
+        self._catalog_now = (time.monotonic(), self._catalog_read)
         with ThreadPoolExecutor(max_workers=max(1, min(4, len(names))),
                                 thread_name_prefix="envfarm-load") as pool:
             loading = {name: pool.submit(self._serve_env, name)
@@ -157,7 +170,8 @@ class FarmCore:
         self.registry = EnvRegistry(
             [n for n in names if n in self.envs or on_demand], self._cold_load,
             loaded=self.envs, on_demand=on_demand, hot=hot, evict_idle_s=config.evict_idle_s,
-            problems=self.problems)
+            problems=self.problems, max_loaded=config.max_loaded_types,
+            retry_s=config.broken_retry_s, catalog_changed=self._catalog_changed)
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
@@ -188,9 +202,36 @@ class FarmCore:
         return served
 
     def _cold_load(self, name: str) -> ServedEnv:
+        if name in self.registry.broken and self._catalog_changed(name):
+            self._reread_bundle(name)
         served = self._serve_env(name)
         self.tool_specs[name] = render_tools(served, self.config.tool_schemas)
         return served
+
+    def _catalog_changed(self, name: str) -> bool:
+        """Whether the catalog files changed since ``name``'s records were read (only broken
+        types ask; the files are stat'ed at most every ``catalog_stat_every_s``)."""
+        when, printed = self._catalog_now
+        if time.monotonic() - when >= self.catalog_stat_every_s:
+            printed = catalog_fingerprint(self.catalog.root)
+            self._catalog_now = (time.monotonic(), printed)
+        return printed != self._reread.get(name, self._catalog_read)
+
+    def _reread_bundle(self, name: str) -> None:
+        """Take a broken type's records from the catalog as it is now (in a cold-start thread;
+        the other types keep the catalog read at start)."""
+        # This version counts as read even if it fails: the next try waits for the backoff
+        # or another change (a catalog that stays unreadable is not re-read every request).
+        self._reread[name] = catalog_fingerprint(self.catalog.root)
+        try:
+            fresh = load_catalog(self.catalog.root, check_code=False, only={name})
+        except EnvfarmError as exc:
+            raise EnvLoadError(f"the changed catalog cannot be read: {exc.message}",
+                               env=name) from None
+        if name not in fresh or not fresh[name].servable:
+            raise EnvLoadError(f"env {name!r} has no code to serve in the changed catalog",
+                               env=name)
+        self.catalog.bundles[name] = fresh[name]
 
     def _close_envs_now(self) -> None:
         for served in self.envs.values():
@@ -278,8 +319,11 @@ class FarmCore:
             self.catalog[name]  # raises EnvNotFound with the known names
         return name
 
-    async def warm(self, env: str) -> EnvDetail:
-        """Load an env now (a trainer about to use it spares its first lease the cold start)."""
+    async def warm(self, env: str, key: str | None = None) -> EnvDetail:
+        """Load an env now (a trainer about to use it spares its first lease the cold start).
+        ``key``: the caller's farm API key; a cold start costs a worker, so warming takes the
+        same key as creating a lease (401 / 403 before anything loads)."""
+        self.tenants.identify(key)
         name = self.served_name(env)
         await self.registry.get(name)
         return self.detail(name)

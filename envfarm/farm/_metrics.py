@@ -42,8 +42,16 @@ class _PoolCollector(Collector):
         for state in ("loaded", "loading", "cold", "broken"):
             states.add_metric([self.owner, state], getattr(types, state))
         yield states
-        for name, what in (("cold_starts", "Env types loaded at first use."),
-                           ("evictions", "Idle env types unloaded (workers stopped).")):
+        cap = GaugeMetricFamily("envfarm_env_types_max_loaded", "Cap on loaded + loading env "
+                                "types (0: none).", labels=["owner"])
+        cap.add_metric([self.owner], types.max_loaded)
+        yield cap
+        for name, what in (
+                ("cold_starts", "Env types loaded at first use."),
+                ("evictions", "Env types unloaded (workers stopped): idle, or for room."),
+                ("evicted_for_room", "LRU idle types evicted to load another under the cap."),
+                ("refused_at_cap", "Cold starts refused at the cap (every loaded type in use)."),
+                ("broken_retries", "Loads of broken types tried again.")):
             counter = CounterMetricFamily(f"envfarm_env_{name}", what, labels=["owner"])
             counter.add_metric([self.owner], getattr(types, name))
             yield counter

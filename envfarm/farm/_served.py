@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from envfarm._tools import openapi_as_fastapi_mcp
 from envfarm.farm._config import PoolConfig
 from envfarm.farm._pool import InstancePool
 from envfarm.models import CallResult, EnvBundle, ToolSpec
@@ -93,7 +92,7 @@ class LocalEnv:
         self.problems = runtime.problems
         self.pool = InstancePool(runtime, config)
         try:
-            self.openapi = openapi_as_fastapi_mcp(runtime.app)
+            self.openapi = runtime.mcp_openapi()
         except Exception:  # noqa: BLE001 - generated code's schema may not render
             self.openapi = None
 

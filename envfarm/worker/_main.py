@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-from envfarm._tools import openapi_as_fastapi_mcp
 from envfarm.models import CallResult, ToolError
 from envfarm.worker import _frames
 
@@ -196,7 +195,7 @@ def main() -> None:
 
         leaks = loop.run_until_complete(module_state_leaks(runtime))
     try:
-        openapi = openapi_as_fastapi_mcp(runtime.app)  # for MCP listings as AWM renders them
+        openapi = runtime.mcp_openapi()  # for MCP listings as AWM renders them
     except Exception:  # noqa: BLE001 - generated code's schema may not render
         openapi = None
     loaded = {"ok": True, "tools": [t.model_dump() for t in runtime.tools], "openapi": openapi,

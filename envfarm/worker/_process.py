@@ -46,7 +46,18 @@ class WorkerStartError(Exception):
     """The worker did not start, or the env's code did not load in it."""
 
 
-def _end(proc: subprocess.Popen) -> None:
+class _Pipes:
+    """Who closes the channel's pipes: this module, until an event loop's transports take
+    them. Once attached, only the transports may: uvloop closes a pipe's fd a loop iteration
+    after ``transport.close()``, so closing its file object here first let libuv close the
+    same fd number again later, by then a client's socket or another worker's pipe (clients
+    saw their connections reset while types were evicted under traffic)."""
+
+    def __init__(self) -> None:
+        self.loop_owns = False
+
+
+def _end(proc: subprocess.Popen, pipes: _Pipes) -> None:
     if proc.poll() is None:
         try:
             os.kill(proc.pid, signal.SIGKILL)
@@ -56,6 +67,8 @@ def _end(proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+    if pipes.loop_owns:
+        return
     for pipe in (proc.stdin, proc.stdout):
         try:
             pipe.close()
@@ -92,7 +105,8 @@ class WorkerProcess:
             close_fds=True, start_new_session=True, cwd="/").result()
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
-        self._reaper = weakref.finalize(self, _end, self.proc)
+        self._pipes = _Pipes()
+        self._reaper = weakref.finalize(self, _end, self.proc, self._pipes)
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
@@ -163,6 +177,7 @@ class WorkerProcess:
                 worker._in = None  # closed by asyncio already
                 worker._on_eof()
 
+        self._pipes.loop_owns = True  # from here on, only the transports close the pipes
         self._out, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
         self._in, _ = await loop.connect_read_pipe(Channel, self.proc.stdout)
 

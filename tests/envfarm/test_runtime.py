@@ -103,7 +103,8 @@ def test_the_runtime_imports_without_ray(tmp_path):
     code = ("import sys; sys.modules['ray'] = None\n"
             "import envfarm, envfarm.runtime, envfarm.check, envfarm.cli_envs, envfarm.catalog\n"
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m])\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -113,3 +114,36 @@ def test_optional_body_models_are_flattened_too(toy_runtime):
     inst = toy_runtime.instance()
     assert inst.call_sync("rename_note", {"note_id": 1, "title": "shopping"}).result["title"] == "shopping"
     assert inst.call_sync("rename_note", {"note_id": 2}).result["title"] == "todo"
+
+
+@pytest.mark.parametrize("catalog_fixture", ["bundled_catalog", "awm_catalog"])
+def test_one_openapi_generation_gives_the_tools_app_openapi_gives(request, catalog_fixture):
+    """A cold start makes the app's OpenAPI once, the fastapi-mcp way, and reads the tools
+    from it: the tools must be exactly those read from ``app.openapi()``."""
+    from envfarm._tools import extract_operations, openapi_as_fastapi_mcp
+
+    catalog = request.getfixturevalue(catalog_fixture)
+    for env in catalog.servable:
+        runtime = EnvRuntime(catalog[env])
+        ops, problems = extract_operations(runtime.app)  # app.openapi(), as before
+        assert runtime.tools == [op.spec for op in ops.values()], env
+        assert runtime.mcp_openapi() == openapi_as_fastapi_mcp(runtime.app), env
+        assert [p for p in runtime.problems if "operation_id" in p] == problems, env
+
+
+def test_an_app_that_changes_its_own_openapi_gets_it_generated_twice():
+    from fastapi import FastAPI
+
+    from envfarm._tools import openapi_for_tools
+
+    plain = FastAPI()
+
+    @plain.get("/items", operation_id="list_items")
+    def list_items() -> list[str]:
+        return []
+
+    assert openapi_for_tools(plain)["paths"]["/items"]["get"]["operationId"] == "list_items"
+    custom = FastAPI()
+    custom.openapi = lambda: {"paths": {}}
+    merged = FastAPI(separate_input_output_schemas=False)
+    assert openapi_for_tools(custom) is None and openapi_for_tools(merged) is None

@@ -111,3 +111,33 @@ async def test_frames_coalesced_in_one_loop_iteration_reach_their_own_callers(bu
                                                                 for s in range(step + 1)]
     finally:
         await env.aclose()
+
+
+def test_killing_an_attached_worker_closes_its_pipes_once_under_uvloop(bundle):
+    """uvloop closes a pipe's fd a loop iteration after ``transport.close()``; had the front
+    closed it too, the fd number, taken meanwhile by a client's socket (as accept() takes the
+    lowest free one), would be closed under that socket: the clients' ReadErrors while types
+    were evicted under traffic."""
+    import os
+    import socket
+
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False), warm=1)
+        sockets: list[socket.socket] = []
+        try:
+            inst = await env.acquire()  # attaches the worker's channel to this loop
+            worker = inst.worker
+            worker.kill("test: evicted")
+            sockets = [socket.socket() for _ in range(4)]  # the lowest free fds, as accept()
+            await asyncio.sleep(0.1)  # uvloop closes the pipes now
+            for sock in sockets:
+                os.fstat(sock.fileno())  # EBADF if a pipe's late close hit it
+            assert worker.proc.stdin.closed and worker.proc.stdout.closed  # and no leak
+        finally:
+            for sock in sockets:
+                sock.close()
+            await env.aclose()
+
+    uvloop.run(scenario())
