@@ -97,7 +97,8 @@ class QueryPlan(_Answer):
 
 def parse_query(text: str, turns: list[int]) -> QueryPlan:
     """QueryGen's answer with every stage checked against the planned ``turns`` (calls per turn):
-    one entry per turn, one subgoal per call; ParseError saying what is wrong otherwise."""
+    one entry per turn, one subgoal per call, a message that is not the explicit goal copied;
+    ParseError saying what is wrong otherwise."""
     plan = parse_answer(text, QueryPlan)
     if len(plan.turns) != len(turns):
         raise ParseError(f"{len(plan.turns)} turns for {len(turns)} planned: write exactly one entry per turn")
@@ -105,7 +106,14 @@ def parse_query(text: str, turns: list[int]) -> QueryPlan:
         if len(turn.subgoals) != calls:
             raise ParseError(f"turn {i + 1} has {len(turn.subgoals)} subgoals for its {calls} calls: one per call")
         turn.message = turn.message.strip()
+        if _words(turn.message) == _words(turn.goal):  # the calibration stage was skipped
+            raise ParseError(f"turn {i + 1}'s message repeats its goal word for word: write the goal as this "
+                             "user would type it (implicit references, what they know)")
     return plan
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
 
 
 @dataclass

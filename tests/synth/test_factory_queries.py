@@ -247,6 +247,8 @@ def test_query_stages_and_answer_shapes() -> None:
         parse_query(json.dumps({**answer, "turns": [{**turn, "goal": ""}]}), [2])
     with pytest.raises(ParseError):
         parse_query('{"messages": ["Lend Dune to Ann."]}', [1])  # the message alone skips the stages
+    with pytest.raises(ParseError, match="repeats its goal"):     # so does a message that is the goal copied
+        parse_query(json.dumps({**answer, "turns": [{**turn, "message": "lend Dune to Ann, then return it"}]}), [2])
     for n in range(1, 12):
         for seed in range(20):
             sizes = plan_turns(n, str(seed))
