@@ -8,8 +8,9 @@ Per env: the tool graph from name matches only (no embeddings, no LLM), then ``-
 (up to 5 value draws, then 2 with optional parameters filled): executable on the first draw and
 within the 7, and why the rest failed; each sampler's chains run three ways: values drawn on their
 own (``independent``: the draw before issue 22's item 2), drawn from rows that agree with the
-chain's rows and the acting user (``consistent``), and that plus each redraw avoiding the values a
-failed call was given (``consistent_avoiding``: what ``synth queries`` does). No LLM is involved: the counts are deterministic under the
+chain's rows and the acting user (``consistent``), and that plus a refused step drawn again with
+other values, up to 4 calls, and each redraw avoiding the values a failed call was given
+(``consistent_retried``: what ``synth queries`` does). No LLM is involved: the counts are deterministic under the
 seed, only the timings depend on the machine.
 """
 
@@ -32,13 +33,13 @@ from envfarm.catalog import load_catalog
 from envfarm.runtime import EnvRuntime
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
-from synth.factory.execute import execute_drawing
+from synth.factory.execute import STEP_TRIES, execute_drawing
 from synth.factory.graph import build_graph
 from synth.factory.sampling import sample_backward
 
-DRAWS = {"independent": {"consistent": False, "avoid_failed": False},   # the draw before issue 22's item 2
-         "consistent": {"consistent": True, "avoid_failed": False},
-         "consistent_avoiding": {"consistent": True, "avoid_failed": True}}  # what synth queries does
+DRAWS = {"independent": {"consistent": False, "avoid_failed": False, "step_tries": 1},  # before issue 22 item 2
+         "consistent": {"consistent": True, "avoid_failed": False, "step_tries": 1},
+         "consistent_retried": {"consistent": True, "avoid_failed": True, "step_tries": STEP_TRIES}}  # synth queries
 
 
 async def executability(runtime: EnvRuntime, chains: list, columns: dict, draw: dict) -> dict:

@@ -4,9 +4,10 @@ Values are deterministic under a seed: a ``db`` binding picks one of the column'
 ``step`` binding one of the values the earlier call returned at that field, a ``task`` binding a
 value of a same-named column of the initial database (what a user would say: a name, a city),
 else the schema's example. With ``consistent`` (the default) every value is drawn from rows that
-agree with the rows the chain already used and with the acting user (``synth.factory.consistent``). A chain is kept only when every call succeeds and it did something:
-the final database differs from the initial one, or the last call returned data, and no step
-meant to write (not a GET) left the database as it was.
+agree with the rows the chain already used and with the acting user (``synth.factory.consistent``),
+and a step the env refuses is drawn again with other values (``step_tries``). A chain is kept only
+when every call succeeds and it did something: the final database differs from the initial one, or
+the last call returned data, and no step meant to write (not a GET) left the database as it was.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ DROP_CALL_FAILED = "call_failed"
 DROP_NO_EFFECT = "no_effect"        # nothing changed and the last call returned nothing
 DROP_IDLE_WRITE = "idle_write"      # a step meant to change something changed nothing
 
+#: calls per step: the first draw, then other values when the call fails or writes nothing
+STEP_TRIES = 4
+
 
 @dataclass
 class Executed:
@@ -53,15 +57,18 @@ class Executed:
 
 
 async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0, *,
-                        optional: bool = False, consistent: bool = True,
+                        optional: bool = False, consistent: bool = True, step_tries: int = STEP_TRIES,
                         avoid: frozenset[tuple[int, str, str]] = frozenset()) -> Executed:
     """Run ``chain`` on a fresh instance of ``runtime``; never raises for a bad chain.
 
     ``optional``: also pass each optional parameter a same-named database column can fill (a
     value the user states), for tools that refuse a call without one ("provide at least one of").
     ``consistent=False``: every value drawn on its own (the earlier draw, for comparison).
-    ``avoid``: (step, parameter, repr(value)) an earlier draw failed with, not drawn again while
-    another value is left (a cancelled reservation cannot be cancelled: draw another).
+    ``step_tries``: a step whose call fails, or writes nothing, is drawn again with values it has
+    not tried (a cancelled reservation cannot be cancelled, another one of the user's can), up to
+    this many calls; a failed call changes nothing, so only the accepted call is recorded.
+    ``avoid``: (step, parameter, repr(value)) an earlier run failed with, not drawn again while
+    another value is left.
     """
     rng = random.Random(f"{seed}:{chain.chain_id}")
     tools = {t.name: t for t in runtime.tools}
@@ -75,39 +82,26 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
             if tool is None:
                 out.drop, out.detail = DROP_UNKNOWN_TOOL, f"step {i}: the env has no tool {step.tool}"
                 return out
-            args: dict[str, Any] = {}
-            picked: set[tuple[int, str, str]] = set()
-            for name, b in step.bindings.items():
-                where = (b.table or "", b.column or "") if b.kind == "db" else db_source(name, columns)
-                if b.kind == "step":
-                    options = field_values(out.calls[b.step].result, b.field or "") if b.step is not None else []
-                    options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
-                    options = draw.prefer(*where, options) if draw and where else options
-                else:
-                    options = _column(draw, data, where)
-                    if b.kind == "task":
-                        options = options or [example_arguments(tool).get(name)]
-                options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
-                if not options:
-                    out.drop, out.detail = DROP_NO_VALUE, f"step {i} {step.tool}: no value for {name}"
+            tried = set(avoid)
+            for attempt in range(max(1, step_tries)):
+                pins = dict(draw.pins) if draw else {}
+                drawn = _draw_args(out, i, step, tool, columns, data, rng, draw, tried, optional)
+                if drawn is None:
                     return out
-                fresh = [v for v in options if (i, name, repr(v)) not in avoid]
-                value = rng.choice(fresh or options)
-                if len(options) > 1:
-                    picked.add((i, name, repr(value)))
-                if draw and where:
-                    draw.took(*where, value)
-                args[name] = fit_schema(value, tool.input_schema.get("properties", {}).get(name))
-                if b.kind == "task":
-                    out.stated[name] = args[name]
-            if optional:
-                props = tool.input_schema.get("properties", {})
-                for name, value in _optional_values(tool.input_schema, args, columns, data, rng, draw).items():
-                    args[name] = out.stated[name] = fit_schema(value, props.get(name))
-            before = inst.snapshot()
-            res = await inst.call(step.tool, args)
-            out.calls.append(Call(tool=step.tool, arguments=args, ok=res.ok, changed=inst.snapshot() != before,
-                                  result=res.result if res.ok else res.error.model_dump()))
+                args, picked, stated = drawn
+                before = inst.snapshot()
+                res = await inst.call(step.tool, args)
+                call = Call(tool=step.tool, arguments=args, ok=res.ok, changed=inst.snapshot() != before,
+                            result=res.result if res.ok else res.error.model_dump())
+                idle = res.ok and not call.changed and writes(runtime, step.tool)
+                fresh = picked - tried
+                if (res.ok and not idle) or not fresh or attempt == step_tries - 1:
+                    break
+                tried |= fresh  # another value for what was drawn among several
+                if draw:
+                    draw.pins = pins
+            out.calls.append(call)
+            out.stated.update(stated)
             if not res.ok:
                 out.failed_values = picked
                 out.drop = DROP_CALL_FAILED
@@ -128,6 +122,44 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
     return out
 
 
+def _draw_args(out: Executed, i: int, step: Any, tool: Any, columns: DbColumns, data: bytes, rng: random.Random,
+               draw: Draw | None, avoid: set[tuple[int, str, str]], optional: bool
+               ) -> tuple[dict[str, Any], set[tuple[int, str, str]], dict[str, Any]] | None:
+    """Step ``i``'s arguments, the (step, parameter, value) drawn among several, and the values the
+    user states; None (``out.drop`` set) when a binding has no value."""
+    args: dict[str, Any] = {}
+    picked: set[tuple[int, str, str]] = set()
+    stated: dict[str, Any] = {}
+    props = tool.input_schema.get("properties", {})
+    for name, b in step.bindings.items():
+        where = (b.table or "", b.column or "") if b.kind == "db" else db_source(name, columns)
+        if b.kind == "step":
+            options = field_values(out.calls[b.step].result, b.field or "") if b.step is not None else []
+            options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
+            options = draw.prefer(*where, options) if draw and where else options
+        else:
+            options = _column(draw, data, where)
+            if b.kind == "task":
+                options = options or [example_arguments(tool).get(name)]
+        options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
+        if not options:
+            out.drop, out.detail = DROP_NO_VALUE, f"step {i} {step.tool}: no value for {name}"
+            return None
+        fresh = [v for v in options if (i, name, repr(v)) not in avoid]
+        value = rng.choice(fresh or options)
+        if len(options) > 1:
+            picked.add((i, name, repr(value)))
+        if draw and where:
+            draw.took(*where, value)
+        args[name] = fit_schema(value, props.get(name))
+        if b.kind == "task":
+            stated[name] = args[name]
+    if optional:
+        for name, value in _optional_values(tool.input_schema, args, columns, data, rng, draw).items():
+            args[name] = stated[name] = fit_schema(value, props.get(name))
+    return args, picked, stated
+
+
 #: Drops another draw of values may cure.
 REDRAW = (DROP_CALL_FAILED, DROP_NO_VALUE, DROP_IDLE_WRITE)
 
@@ -141,7 +173,8 @@ class Drawn:
 
 
 async def execute_drawing(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0, *,
-                          tries: int = 5, consistent: bool = True, avoid_failed: bool = True) -> list[Drawn]:
+                          tries: int = 5, consistent: bool = True, avoid_failed: bool = True,
+                          step_tries: int = STEP_TRIES) -> list[Drawn]:
     """Every draw until one executes: ``tries`` value draws, then two with optional parameters filled
     (an update tool refuses a call that changes nothing); each avoids the values earlier failed
     calls were given (``avoid_failed``). The last entry is the outcome."""
@@ -149,7 +182,7 @@ async def execute_drawing(runtime: EnvRuntime, chain: Chain, columns: DbColumns,
     out: list[Drawn] = []
     for attempt, optional in [(a, False) for a in range(tries)] + [(tries + a, True) for a in range(2)]:
         kwargs = {"seed": f"{seed}.{attempt}", "optional": optional, "consistent": consistent,
-                  "avoid": frozenset(avoid)}
+                  "step_tries": step_tries, "avoid": frozenset(avoid)}
         ex = await execute_chain(runtime, chain, columns, **kwargs)
         out.append(Drawn(ex, kwargs))
         if ex.drop not in REDRAW:

@@ -83,23 +83,28 @@ def test_a_chain_draws_the_users_reservation_and_its_hotel(hotel) -> None:
     assert any(r["user_id"] != 1 or hotel_id != r["hotel_id"] for r, hotel_id in independent)
 
 
-def test_redraws_avoid_the_values_a_failed_call_was_given(hotel) -> None:
-    """Cancelling: 4 of the user's 10 reservations are completed or cancelled (409); each redraw
-    takes another one, so a cancellable one is reached within the draws."""
+def test_a_refused_step_is_drawn_again_with_other_values(hotel) -> None:
+    """Cancelling: 4 of the user's 10 reservations are completed or cancelled (409). A step the env
+    refuses is called again with a value it has not tried; a failed call changes nothing, so only
+    the accepted call is recorded. Across runs, each redraw avoids the values that failed."""
     columns = db_columns(hotel.template.data)
     chain = _chain(Step(tool="cancel_reservation", bindings={
         "reservation_id": Binding(kind="db", table="reservations", column="id"), "reason": Binding(kind="task")}))
+    once = [asyncio.run(execute_chain(hotel, chain, columns, seed, step_tries=1)) for seed in range(8)]
+    assert any(ex.drop == "call_failed" for ex in once)
+    for seed in range(8):                                               # 5 calls: past the 4 refused values
+        ex = asyncio.run(execute_chain(hotel, chain, columns, seed, step_tries=5))
+        assert not ex.drop and len(ex.calls) == 1 and ex.calls[0].ok and ex.changed
     redraws = 0
     for seed in range(4):
-        drawn = asyncio.run(execute_drawing(hotel, chain, columns, seed))
+        drawn = asyncio.run(execute_drawing(hotel, chain, columns, seed, step_tries=1))
         failed = [d.executed.calls[-1].arguments["reservation_id"] for d in drawn[:-1]]
         assert drawn[-1].executed.drop == "" and len(failed) == len(set(failed)) <= 4
-        assert all(d.executed.drop == "call_failed" for d in drawn[:-1])
         for k, d in enumerate(drawn):                                   # each redraw is told every failed value
             assert {(0, "reservation_id", repr(v)) for v in failed[:k]} <= d.kwargs["avoid"]
         redraws += len(failed)
     assert redraws >= 2
     others = frozenset((0, "reservation_id", repr(v)) for v in range(1, 11) if v != 4)
     for seed in range(4):                                               # an avoided value is not drawn while another is left
-        ex = asyncio.run(execute_chain(hotel, chain, columns, seed, avoid=others))
+        ex = asyncio.run(execute_chain(hotel, chain, columns, seed, step_tries=1, avoid=others))
         assert ex.calls[0].arguments["reservation_id"] == 4 and not ex.drop
