@@ -73,12 +73,14 @@ class Draw:
             self.pin(*self.rel.user)
 
     def pin(self, table: str, row: dict[str, Any], depth: int = 0) -> None:
-        """Pin ``row`` and, through foreign keys, the rows it references."""
+        """Pin ``row`` and, through foreign keys, the rows it references (not through a table's several
+        keys to one table: a sender or a recipient is not "the" user)."""
         if table in self.pins or depth > 6:
             return
         self.pins[table] = row
         for k in self.rel.keys:
-            if k.table == table and k.ref_table not in self.pins and row.get(k.column) is not None:
+            ambiguous = sum(o.table == table and o.ref_table == k.ref_table for o in self.rel.keys) > 1
+            if k.table == table and not ambiguous and k.ref_table not in self.pins and row.get(k.column) is not None:
                 ref = next((r for r in self.rel.rows.get(k.ref_table, []) if r.get(k.ref_column) == row[k.column]), None)
                 if ref is not None:
                     self.pin(k.ref_table, ref, depth + 1)
@@ -86,16 +88,18 @@ class Draw:
     def fits(self, table: str, row: dict[str, Any]) -> bool:
         if table in self.pins:
             return self.pins[table] == row
+        # this row references a pinned table: through at least one of its keys to it, that pinned row
+        # (an issue reported *or* assigned to the user; a single key is plain equality)
+        refs: dict[str, list[bool]] = {}
         for k in self.rel.keys:
-            # this row references a pinned row: it must be that one
-            if (k.table == table and k.ref_table in self.pins and row.get(k.column) is not None
-                    and row[k.column] != self.pins[k.ref_table].get(k.ref_column)):
-                return False
-            # a pinned row references this table: this row must be the one it references
+            if k.table == table and k.ref_table in self.pins and row.get(k.column) is not None:
+                refs.setdefault(k.ref_table, []).append(row[k.column] == self.pins[k.ref_table].get(k.ref_column))
+        # a pinned row references this table: this row must be one it references
+        for k in self.rel.keys:
             pinned = self.pins.get(k.table) if k.ref_table == table else None
-            if pinned is not None and pinned.get(k.column) is not None and pinned[k.column] != row.get(k.ref_column):
-                return False
-        return True
+            if pinned is not None and pinned.get(k.column) is not None:
+                refs.setdefault(f"<-{k.table}", []).append(pinned[k.column] == row.get(k.ref_column))
+        return all(any(matches) for matches in refs.values())
 
     def column(self, table: str, column: str) -> list[Any]:
         """Distinct values of ``table.column`` in rows that agree with the pins (all rows when none

@@ -23,6 +23,9 @@ INSERT INTO users VALUES (1, 'Ann'), (2, 'Bo');
 INSERT INTO hotels VALUES (1, 'Lisbon'), (2, 'Porto'), (3, 'Faro');
 INSERT INTO room_types VALUES (10, 1, 'single'), (11, 1, 'double'), (20, 2, 'suite'), (30, 3, 'loft');
 INSERT INTO bookings VALUES (100, 1, 10), (101, 2, 20), (102, 2, 30), (103, 1, 11);
+CREATE TABLE transfers (id INTEGER PRIMARY KEY, sender_id INTEGER REFERENCES users(id),
+                        recipient_id INTEGER REFERENCES users(id));
+INSERT INTO transfers VALUES (200, 1, 2), (201, 2, 1), (202, 1, 1);
 """
 
 
@@ -36,6 +39,7 @@ def data() -> bytes:
 def test_ids_belong_to_the_acting_user_and_to_each_other(data) -> None:
     draw = Draw(relations(data, "CURRENT_USER_ID = 2\n"))
     assert draw.column("bookings", "id") == [101, 102]                # Bo's bookings only
+    assert draw.column("transfers", "id") == [200, 201]               # sent or received by Bo
     draw.took("bookings", "id", 102)
     assert draw.column("room_types", "id") == [30]                     # the booked room ...
     assert draw.column("hotels", "id") == [3] and draw.column("hotels", "city") == ["Faro"]  # ... of its hotel
@@ -50,7 +54,10 @@ def test_without_an_acting_user_the_first_id_pins_the_rest(data) -> None:
     assert draw.column("bookings", "id") == [103] and draw.column("users", "name") == ["Ann", "Bo"]
     draw.took("bookings", "id", 103)                                   # the booking of that room: its user
     assert draw.column("users", "name") == ["Ann"] and draw.column("room_types", "id") == [11]
-    assert draw.unpinned == 0
+    assert draw.column("transfers", "id") == [200, 201, 202] and draw.unpinned == 0  # each involves Ann
+    other = Draw(relations(data))
+    other.took("transfers", "id", 200)                                  # Ann to Bo: neither is "the" user
+    assert "users" not in other.pins and other.column("bookings", "id") == [100, 101, 102, 103]
 
 
 @pytest.fixture(scope="module")
