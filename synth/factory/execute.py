@@ -82,10 +82,12 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
             if tool is None:
                 out.drop, out.detail = DROP_UNKNOWN_TOOL, f"step {i}: the env has no tool {step.tool}"
                 return out
-            tried = set(avoid)
+            tried, relaxed = set(avoid), False
+            writing = writes(runtime, step.tool)
             for attempt in range(max(1, step_tries)):
                 pins = dict(draw.pins) if draw else {}
-                drawn = _draw_args(out, i, step, tool, columns, data, rng, draw, tried, optional)
+                drawn = _draw_args(out, i, step, tool, columns, data, rng, None if relaxed else draw, tried,
+                                   optional, writing)
                 if drawn is None:
                     return out
                 args, picked, stated = drawn
@@ -93,11 +95,14 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
                 res = await inst.call(step.tool, args)
                 call = Call(tool=step.tool, arguments=args, ok=res.ok, changed=inst.snapshot() != before,
                             result=res.result if res.ok else res.error.model_dump())
-                idle = res.ok and not call.changed and writes(runtime, step.tool)
+                idle = res.ok and not call.changed and writing
                 fresh = picked - tried
-                if (res.ok and not idle) or not fresh or attempt == step_tries - 1:
+                if (res.ok and not idle) or attempt == step_tries - 1 or not (fresh or (draw and not relaxed)):
                     break
-                tried |= fresh  # another value for what was drawn among several
+                # another value for what was drawn among several; with none left, any row's values
+                # (the pinned user's own id is not the member a tool may remove)
+                relaxed = relaxed or not fresh
+                tried |= fresh
                 if draw:
                     draw.pins = pins
             out.calls.append(call)
@@ -123,10 +128,11 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
 
 
 def _draw_args(out: Executed, i: int, step: Any, tool: Any, columns: DbColumns, data: bytes, rng: random.Random,
-               draw: Draw | None, avoid: set[tuple[int, str, str]], optional: bool
+               draw: Draw | None, avoid: set[tuple[int, str, str]], optional: bool, writing: bool
                ) -> tuple[dict[str, Any], set[tuple[int, str, str]], dict[str, Any]] | None:
     """Step ``i``'s arguments, the (step, parameter, value) drawn among several, and the values the
-    user states; None (``out.drop`` set) when a binding has no value."""
+    user states; None (``out.drop`` set) when a binding has no value. A value the user states to a
+    writing tool (a new label's name) is any row's, not the pinned rows' (those exist already)."""
     args: dict[str, Any] = {}
     picked: set[tuple[int, str, str]] = set()
     stated: dict[str, Any] = {}
@@ -138,7 +144,7 @@ def _draw_args(out: Executed, i: int, step: Any, tool: Any, columns: DbColumns, 
             options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
             options = draw.prefer(*where, options) if draw and where else options
         else:
-            options = _column(draw, data, where)
+            options = _column(None if writing and b.kind == "task" else draw, data, where)
             if b.kind == "task":
                 options = options or [example_arguments(tool).get(name)]
         options = [v for v in options if v is not None and not isinstance(v, (dict, list))]
