@@ -14,8 +14,9 @@ Internal/external is the graph's classification of each parameter (the LLM's, or
 ``hotel_id``, ``confirmation_code``); an internal parameter no tool of the graph produces is read from
 the database, as the user's own data (``db``). A tool linked only by *logical* edges (it takes or
 returns no data: ``delete_all_notes``) gets a logical predecessor when it has no required input,
-else with probability ``p``, and logical edges are neighbours like any other. Every walk is bounded by ``max_len`` and the recursion by the chain, so
-nothing can hang; the same seed gives the same chains.
+else with probability ``p``, and logical edges are neighbours like any other. Every walk is bounded
+by ``max_len`` and the recursion by the chain, so nothing can hang; the same seed gives the same
+chains.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 
-from synth.factory.candidates import is_identifier
 from synth.factory.chains import collect_chains
 from synth.factory.dbvalues import DbColumns, db_source, strict_id
 from synth.factory.model import Binding, Chain, Edge, Node, Step, ToolGraph
+from synth.factory.refine import regex_kind
 
 DEFAULT_P = 0.1   # optional predecessor for a parameter already satisfiable
 DEFAULT_K = 2     # at most this many neighbours per placed tool
@@ -57,7 +58,7 @@ class BackwardSampler:
         p = next((p for p in self.nodes[tool].params if p.name == param), None)
         if p is not None and p.kind is not None:
             return p.kind == "internal"
-        return is_identifier(param) or strict_id(param)  # a graph from before the classification
+        return regex_kind(param) == "internal"  # a graph from before the classification
 
     def _producer_edges(self, tool: str, param: str, exclude: set[str]) -> list[Edge]:
         return [e for e in self.incoming.get((tool, param), []) if e.src not in exclude]
