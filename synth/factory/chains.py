@@ -167,7 +167,8 @@ def collect_chains(env: str, walk: Callable[[], list[Step]], uses: Counter[str],
 def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]:
     """Why a chain is not executable as sampled ([] when every required parameter is bound to a
     source that exists: an earlier step through a kept edge, a non-empty DB column, or the task,
-    and every step after the first is connected: it takes from an earlier step or feeds a later one)."""
+    and every step after the first is connected: it takes from an earlier step, feeds a later one, or
+    a kept logical edge links it to one)."""
     nodes = {n.tool: n for n in graph.nodes}
     kept = {(e.src, e.field, e.dst, e.param) for e in graph.kept()}
     problems = []
@@ -188,7 +189,10 @@ def unsatisfied(chain: Chain, graph: ToolGraph, columns: DbColumns) -> list[str]
             elif b.kind == "task" and strict_id(p.name):
                 problems.append(f"step {i} {step.tool}: surrogate key {p.name} left to the user")
     fed = {b.step for s in chain.steps for b in s.bindings.values() if b.kind == "step"}
+    logical = {(e.src, e.dst) for e in graph.kept() if e.logical}
+    tools = [s.tool for s in chain.steps]
     for i, step in enumerate(chain.steps):
-        if i and i not in fed and not any(b.kind == "step" for b in step.bindings.values()):
+        linked = any((t, step.tool) in logical for t in tools[:i]) or any((step.tool, t) in logical for t in tools[i + 1:])
+        if i and i not in fed and not linked and not any(b.kind == "step" for b in step.bindings.values()):
             problems.append(f"step {i} {step.tool}: takes nothing from an earlier step and feeds no later one")
     return problems

@@ -27,11 +27,13 @@ def graph(
     threshold: float = typer.Option(DEFAULT_THRESHOLD, help="embedding similarity for a candidate edge"),
     no_llm: bool = typer.Option(False, "--no-llm", help="keep every candidate edge, no LLM pass"),
     embedder: str = typer.Option("local", help="candidate embeddings: local (offline MiniLM) | none (names only)"),
-    batch_size: int = typer.Option(20, help="candidate edges per LLM call"),
+    budget_chars: int = typer.Option(24_000, "--prompt-chars", min=2_000, help="LLM refinement: prompt size per "
+                                     "call (the env's tools are decided in chunks that fit; every call lists them all)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
     **llm_options: Any,
 ) -> None:
-    """Tool dependency graph per env: candidate edges (embeddings + names), confirmed by the LLM."""
+    """Tool dependency graph per env: candidate edges (embeddings + names), refined by the LLM (prunes,
+    adds missing and logical edges, classifies parameters internal/external)."""
     from envfarm.llm import LLMClient
     from synth.cli import llm_config
     from synth.factory.run import format_graph_row, graph_catalog
@@ -43,7 +45,7 @@ def graph(
         async def main() -> list[dict[str, Any]]:
             async with nullcontext() if config is None else LLMClient(config) as llm:
                 return await graph_catalog(catalog, out, envs=env or None, embedder=emb, threshold=threshold,
-                                           llm=llm, batch_size=batch_size)
+                                           llm=llm, budget_chars=budget_chars)
 
         return asyncio.run(main())
 

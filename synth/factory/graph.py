@@ -12,9 +12,9 @@ from typing import Any
 from envfarm.errors import SynthesisError
 from envfarm.runtime import EnvRuntime
 from synth.factory.candidates import DEFAULT_THRESHOLD, candidate_edges
-from synth.factory.confirm import confirm_edges
 from synth.factory.fields import build_nodes
 from synth.factory.model import ToolGraph
+from synth.factory.refine import DEFAULT_BUDGET_CHARS, classify_by_name, refine_graph
 
 GRAPH_FILE = "tool_graph.json"
 
@@ -24,10 +24,12 @@ def factory_dir(out: Path, env: str) -> Path:
 
 
 async def build_graph(runtime: EnvRuntime, *, embedder: Any, threshold: float = DEFAULT_THRESHOLD,
-                      llm: Any = None, batch_size: int = 20) -> ToolGraph:
-    """Nodes from the runtime, candidate edges, then the LLM pass when ``llm`` is given.
+                      llm: Any = None, budget_chars: int = DEFAULT_BUDGET_CHARS) -> ToolGraph:
+    """Nodes from the runtime, candidate edges, then the LLM refinement when ``llm`` is given (it
+    prunes and adds edges and classifies parameters; ``synth.factory.refine``).
 
-    Without an LLM every candidate (name match, or similarity >= ``threshold``) is kept.
+    Without an LLM every candidate (name match, or similarity >= ``threshold``) is kept and
+    parameters are classified by the name rule.
     """
     started = time.perf_counter()
     nodes = await build_nodes(runtime)
@@ -42,9 +44,12 @@ async def build_graph(runtime: EnvRuntime, *, embedder: Any, threshold: float = 
         "candidates_by_source": dict(Counter(e.source for e in edges)),
         "embedding": embedder is not None,
     }
-    if llm is not None and edges:
-        confirmed = await confirm_edges(llm, runtime.name, nodes, edges, batch_size=batch_size)
-        stats["llm"] = confirmed.as_dict()
+    if llm is not None:
+        refined = await refine_graph(llm, runtime.name, nodes, edges, budget_chars=budget_chars)
+        stats["llm"] = refined.as_dict()
+    else:
+        classify_by_name(nodes)
+    stats["param_kinds"] = dict(Counter(f"{p.kind}/{p.kind_source}" for n in nodes for p in n.params if p.required))
     kept = [e for e in edges if e.kept]
     stats["kept"] = len(kept)
     stats["kept_by_source"] = dict(Counter(e.found_by or e.source for e in kept))

@@ -17,6 +17,10 @@ class Param(BaseModel):
     type: str = "string"          # JSON-schema type of the tool's input parameter
     required: bool = False
     description: str = ""
+    #: internal (system state an earlier call returns) or external (the user states it); required params only
+    kind: Literal["internal", "external"] | None = None
+    #: who classified it: the LLM, or the name rule (no LLM, or it gave no usable answer)
+    kind_source: Literal["llm", "regex"] | None = None
 
 
 class Field_(BaseModel):
@@ -42,7 +46,8 @@ EdgeSource = Literal["embedding", "name", "llm"]
 
 
 class Edge(BaseModel):
-    """``src.field`` can feed ``dst.param``."""
+    """``src.field`` can feed ``dst.param``; with both empty, a *logical* edge: ``dst`` follows ``src`` in a
+    workflow though no value passes (a tool that takes or returns no data, e.g. ``delete_all_notes``)."""
 
     src: str
     field: str
@@ -53,8 +58,12 @@ class Edge(BaseModel):
     kept: bool = False
     #: the LLM's reason for keeping or rejecting, when it ruled
     reason: str = ""
-    #: what proposed the edge ("name" or "embedding") when ``source`` is "llm" (the LLM ruled on it)
+    #: what proposed the edge ("name", "embedding", or "llm": the LLM added it) when ``source`` is "llm"
     found_by: str = ""
+
+    @property
+    def logical(self) -> bool:
+        return not self.param
 
 
 class ToolGraph(BaseModel):

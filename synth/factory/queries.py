@@ -23,14 +23,7 @@ from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
 from synth.factory.dbvalues import column_values, db_columns, db_source, strict_id
-from synth.factory.execute import (
-    DROP_CALL_FAILED,
-    DROP_IDLE_WRITE,
-    DROP_NO_VALUE,
-    Executed,
-    diff_rows,
-    execute_chain,
-)
+from synth.factory.execute import Executed, diff_rows, execute_chain, execute_drawing
 from synth.factory.gate import (
     DROP_SOLVER_ERROR,
     Candidate,
@@ -70,19 +63,16 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
-    all): a cancelled reservation cannot be cancelled, another one can; then twice more with
-    optional parameters filled too (an update tool refuses a call that changes nothing).
+    all, each avoiding the values that failed): a cancelled reservation cannot be cancelled, another
+    one can; then twice more with optional parameters filled too (``execute_drawing``).
     """
-    draws = [(attempt, False) for attempt in range(tries)] + [(tries + a, True) for a in range(2)]
-    for attempt, optional in draws:
-        ex = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
-        if ex.drop not in (DROP_CALL_FAILED, DROP_NO_VALUE, DROP_IDLE_WRITE):
-            break
+    last = (await execute_drawing(runtime, chain, columns, seed, tries=tries))[-1]
+    ex = last.executed
     if ex.drop:
         return _episode(ex, ex.drop, ex.detail), None
     answer = None
     if ex.changed:
-        again = await execute_chain(runtime, chain, columns, f"{seed}.{attempt}", optional=optional)
+        again = await execute_chain(runtime, chain, columns, **last.kwargs)
         first = diff_rows(runtime.template.data, ex.final)
         volatile = volatile_columns(first, diff_rows(runtime.template.data, again.final)) if not again.drop else set()
         given = {str(v) for c in ex.calls for v in c.arguments.values()}

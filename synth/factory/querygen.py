@@ -1,12 +1,18 @@
 """QueryGen: the LLM writes the user's request for an executed chain (implicit intent).
 
-The calls are planned into 1-3 user turns of 1-5 calls each. One LLM call writes EnvFactory's
-stages, each checked: a user profile and a scenario, then per turn its subgoals (one per call), the
-goal articulated explicitly, and the message calibrated to sound like a person (implicit reference,
-no tool names, no ids); the messages are the request (a first message, then follow-ups). An answer
-that does not fit is asked once more with what was wrong; obvious variants (``{role, content}``
-messages, a single subgoal as a string, turns as an object) are read as meant; an answer that names a tool, or states a raw internal id the user
-would not know, is rejected. Every outcome is counted; nothing here raises for a bad answer.
+The calls are planned into 1-3 user turns of 1-5 calls each. Two LLM calls, each answer checked
+(every prompt of QueryGen is in this module):
+
+1. the draft (``SYSTEM``): a user profile and a scenario, then per turn its subgoals (one per call)
+   and the goal articulated explicitly;
+2. the calibrated refinement (``REFINE_SYSTEM``): each turn's goal rewritten as this user would type
+   it (implicit reference, values the user knows, no tool names, no ids); the messages are the
+   request (a first message, then follow-ups). A message that copies its goal is sent back.
+
+An answer that does not fit is asked once more with what was wrong; obvious variants (``{role,
+content}`` messages, a single subgoal as a string, turns as an object) are read as meant; a request
+that names a tool, or states a raw internal id the user would not know, is rejected. Every outcome
+is counted; nothing here raises for a bad answer.
 """
 
 from __future__ import annotations
@@ -26,24 +32,29 @@ from synth.factory.dbvalues import strict_id
 from synth.factory.execute import Executed
 
 STAGE = "queries"
+REFINE_STAGE = "queries_refine"
 #: the rejection reason of an episode whose request the endpoint failed to write (retried on a re-run)
 LLM_ERROR = "llm_error"
 
-SYSTEM = """You write what a real user of an app types to an assistant that uses the app's API. \
+SYSTEM = """You plan what a real user of an app asks an assistant that uses the app's API. \
 You get the API calls the assistant must make (already run, with their results), split into turns. \
 Work in stages and write each one down:
 1. profile: who this user is, in one sentence;
 2. scenario: the situation that makes them ask, in one sentence;
 then for each turn, in order:
 3. subgoals: what each call of the turn achieves for the user, one short phrase per call, in order;
-4. goal: the turn's goal as one explicit sentence;
-5. message: that goal as this user would type it, calibrated to sound like a person: refer to \
-things implicitly where the user or the conversation makes them clear ("my latest booking", "that \
-hotel", "the one I just made"), keep values the user knows (names, dates, amounts), never a tool or \
-endpoint name and never an internal id number the user cannot know (say "the Dune book", not "book \
-17"). A later message may build on what the assistant answered.
+4. goal: the turn's goal as one explicit sentence (what must be done, with the values involved).
 Answer with one JSON object: {"profile": "...", "scenario": "...", "turns": [{"subgoals": ["..."], \
-"goal": "...", "message": "..."}]} with exactly one entry per turn."""
+"goal": "..."}]} with exactly one entry per turn."""
+
+REFINE_SYSTEM = """You turn a user's explicit goals into the messages this user would really type \
+to an assistant, one message per turn. Calibrate each like a person: refer to things implicitly \
+where the user or the conversation makes them clear ("my latest booking", "that hotel", "the one I \
+just made"), leave out what the assistant can look up, keep values the user knows (names, dates, \
+amounts), never a tool or endpoint name and never an internal id number the user cannot know (say \
+"the Dune book", not "book 17"). A later message may build on what the assistant answered. Do not \
+copy the goal.
+Answer with one JSON object: {"messages": ["<turn 1 message>", ...]} with exactly one message per turn."""
 
 #: most tools one user turn asks for (the paper's turns of 1-5 tool calls)
 MAX_TURN_CALLS = 5
@@ -84,7 +95,15 @@ Phrase = Annotated[str, Field(min_length=3)]
 class QueryTurn(_Answer):
     subgoals: Annotated[list[Phrase], BeforeValidator(_listed)] = Field(min_length=1)
     goal: Phrase
-    message: Annotated[Phrase, BeforeValidator(_message_text)]
+    #: the calibrated message (the refinement stage's; a draft may carry one, which it replaces)
+    message: Annotated[str, BeforeValidator(_message_text)] = ""
+
+
+class Refined(_Answer):
+    """The refinement stage's answer: one calibrated message per turn."""
+
+    messages: Annotated[list[Annotated[Phrase, BeforeValidator(_message_text)]], BeforeValidator(_listed)] = Field(
+        min_length=1)
 
 
 class QueryPlan(_Answer):
@@ -96,7 +115,7 @@ class QueryPlan(_Answer):
 
 
 def parse_query(text: str, turns: list[int]) -> QueryPlan:
-    """QueryGen's answer with every stage checked against the planned ``turns`` (calls per turn):
+    """QueryGen's draft with every stage checked against the planned ``turns`` (calls per turn):
     one entry per turn, one subgoal per call; ParseError saying what is wrong otherwise."""
     plan = parse_answer(text, QueryPlan)
     if len(plan.turns) != len(turns):
@@ -104,8 +123,23 @@ def parse_query(text: str, turns: list[int]) -> QueryPlan:
     for i, (turn, calls) in enumerate(zip(plan.turns, turns, strict=True)):
         if len(turn.subgoals) != calls:
             raise ParseError(f"turn {i + 1} has {len(turn.subgoals)} subgoals for its {calls} calls: one per call")
-        turn.message = turn.message.strip()
     return plan
+
+
+def parse_refined(text: str, plan: QueryPlan) -> list[str]:
+    """The refinement's messages, one per turn of ``plan``, none a copy of its turn's goal."""
+    messages = [m.strip() for m in parse_answer(text, Refined).messages]
+    if len(messages) != len(plan.turns):
+        raise ParseError(f"{len(messages)} messages for {len(plan.turns)} turns: write exactly one per turn")
+    for i, (message, turn) in enumerate(zip(messages, plan.turns, strict=True)):
+        if _words(message) == _words(turn.goal):  # the calibration did not happen
+            raise ParseError(f"message {i + 1} repeats its goal word for word: write it as this user would type "
+                             "it (implicit references, what they know)")
+    return messages
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
 
 
 @dataclass
@@ -150,6 +184,13 @@ def query_prompt(env: str, ex: Executed, answer: tuple[str, Any] | None, turns: 
     return "\n".join(lines)
 
 
+def refine_prompt(query: str, plan: QueryPlan) -> str:
+    draft = {"profile": plan.profile, "scenario": plan.scenario,
+             "turns": [{"subgoals": t.subgoals, "goal": t.goal, **({"draft": t.message} if t.message else {})}
+                       for t in plan.turns]}
+    return f"{query}\n\nThe plan, one entry per turn:\n{json.dumps(draft, indent=1)}"
+
+
 def hidden_ids(ex: Executed) -> set[str]:
     """Surrogate-key values the chain used that the user did not state."""
     return {str(v) for call in ex.calls for k, v in call.arguments.items()
@@ -172,33 +213,46 @@ def leak(messages: list[str], tools: list[str], ids: set[str]) -> str | None:
 async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
                       stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
     """``(plan, turn_calls, "")`` or ``(None, turn_calls, why)`` with why in malformed | llm_error |
-    names_tool | names_id. An answer that does not fit is asked again once, with what was wrong."""
+    names_tool | names_id: the draft, then the calibrated refinement (``plan.turns[i].message``)."""
     turns = plan_turns(len(ex.calls), ex.chain.chain_id)
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": query_prompt(env, ex, answer, turns)}]
+    query = query_prompt(env, ex, answer, turns)
+    plan = await _ask(llm, env, SYSTEM, query, STAGE, lambda text: parse_query(text, turns), stats)
+    if not isinstance(plan, QueryPlan):
+        return None, turns, plan
+    messages = await _ask(llm, env, REFINE_SYSTEM, refine_prompt(query, plan), REFINE_STAGE,
+                          lambda text: parse_refined(text, plan), stats)
+    if isinstance(messages, str):
+        return None, turns, messages
+    for turn, message in zip(plan.turns, messages, strict=True):
+        turn.message = message
+    why = leak(messages, tools, hidden_ids(ex))
+    if why:
+        setattr(stats, why, getattr(stats, why) + 1)
+        return None, turns, why
+    return plan, turns, ""
+
+
+async def _ask(llm: Any, env: str, system: str, prompt: str, stage: str, parse: Any, stats: QueryStats) -> Any:
+    """One stage's answer through ``parse``, asked once more with what was wrong; on failure the
+    reason (``malformed`` or ``llm_error``) as a string."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
     for attempt in range(2):
         try:
-            res = await llm.chat(messages, stage=STAGE, scenario=env, response_format={"type": "json_object"},
+            res = await llm.chat(messages, stage=stage, scenario=env, response_format={"type": "json_object"},
                                  salt=f"retry{attempt}" if attempt else None)
         except LLMError:
             stats.llm_errors += 1
-            return None, turns, LLM_ERROR
+            return LLM_ERROR
         stats.calls += 1
         stats.prompt_tokens += res.usage.prompt_tokens
         stats.completion_tokens += res.usage.completion_tokens
         stats.cost_usd += res.usage.cost_usd
         try:
-            plan = parse_query(res.text, turns)
+            return parse(res.text)
         except ParseError as exc:
             if attempt == 0:
                 stats.retried += 1
                 messages += [{"role": "assistant", "content": res.text[:4000]},
                              {"role": "user", "content": f"Your answer could not be used: {exc}. Answer again."}]
-            continue
-        why = leak([t.message for t in plan.turns], tools, hidden_ids(ex))
-        if why:
-            setattr(stats, why, getattr(stats, why) + 1)
-            return None, turns, why
-        return plan, turns, ""
     stats.malformed += 1
-    return None, turns, "malformed"
+    return "malformed"

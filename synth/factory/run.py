@@ -13,6 +13,7 @@ from synth.factory.candidates import DEFAULT_THRESHOLD
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.graph import build_graph, factory_dir, load_graph, save_graph
+from synth.factory.refine import DEFAULT_BUDGET_CHARS
 from synth.factory.sampling import DEFAULT_K, DEFAULT_P, sample_backward
 
 CHAINS_FILE = "chains.jsonl"
@@ -26,7 +27,7 @@ def catalog_envs(catalog_path: Path | None, names: list[str] | None) -> tuple[An
 
 async def graph_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | None = None,
                         embedder: Any, threshold: float = DEFAULT_THRESHOLD, llm: Any = None,
-                        batch_size: int = 20, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+                        budget_chars: int = DEFAULT_BUDGET_CHARS, tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Build and store every env's graph; one summary row per env (``error`` when it did not load)."""
     catalog, names = catalog_envs(catalog_path, envs)
     rows = []
@@ -35,7 +36,8 @@ async def graph_catalog(catalog_path: Path | None, out: Path, *, envs: list[str]
         if runtime is None:
             rows.append({"env": name, "error": why})
             continue
-        graph = await build_graph(runtime, embedder=embedder, threshold=threshold, llm=llm, batch_size=batch_size)
+        graph = await build_graph(runtime, embedder=embedder, threshold=threshold, llm=llm,
+                                  budget_chars=budget_chars)
         path = save_graph(graph, out)
         rows.append({"env": name, "path": str(path), **graph.stats})
     return rows
@@ -76,7 +78,9 @@ def format_graph_row(row: dict[str, Any]) -> str:
             f"{fs.get('none', 0)} none); candidates {row['candidates']} {_counts(row['candidates_by_source'])}; "
             f"kept {row['kept']} {_counts(row['kept_by_source'])}; {row['timings_s']['total']:.1f} s")
     if llm:
-        text += (f"; LLM {llm['calls']} calls, rejected {llm['rejected']}, unconfirmed {llm['unconfirmed']} "
+        text += (f"; LLM {llm['calls']} calls, rejected {llm['rejected']}, added {llm['added']} "
+                 f"(+{llm['added_logical']} logical), params by LLM {llm['kinds_llm']} "
+                 f"(name rule {llm['kinds_fallback']}), unconfirmed {llm['unconfirmed']} "
                  f"(malformed {llm['malformed']}, unknown tool {llm['unknown_tool']}, unknown edge "
                  f"{llm['unknown_edge']}, errors {llm['llm_errors']})")
     return text

@@ -10,10 +10,13 @@ probability ``p`` it also brings in a producer for a parameter that was already 
 same way (equal probability), which gives branching, non-linear chains: two producers feeding one
 tool, one result feeding two tools.
 
-Internal means an identifier-like name (``hotel_id``, ``confirmation_code``: what an earlier call
-returns); an internal parameter no tool of the graph produces is read from the database, as the
-user's own data (``db``). Every walk is bounded by ``max_len`` and the recursion by the chain, so
-nothing can hang; the same seed gives the same chains.
+Internal/external is the graph's classification of each parameter (the LLM's, or the name rule:
+``hotel_id``, ``confirmation_code``); an internal parameter no tool of the graph produces is read from
+the database, as the user's own data (``db``). A tool linked only by *logical* edges (it takes or
+returns no data: ``delete_all_notes``) gets a logical predecessor when it has no required input,
+else with probability ``p``, and logical edges are neighbours like any other. Every walk is bounded
+by ``max_len`` and the recursion by the chain, so nothing can hang; the same seed gives the same
+chains.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 
-from synth.factory.candidates import is_identifier
 from synth.factory.chains import collect_chains
 from synth.factory.dbvalues import DbColumns, db_source, strict_id
 from synth.factory.model import Binding, Chain, Edge, Node, Step, ToolGraph
+from synth.factory.refine import regex_kind
 
 DEFAULT_P = 0.1   # optional predecessor for a parameter already satisfiable
 DEFAULT_K = 2     # at most this many neighbours per placed tool
@@ -40,15 +43,22 @@ class BackwardSampler:
         self.nodes: dict[str, Node] = {n.tool: n for n in graph.nodes}
         self.incoming: dict[tuple[str, str], list[Edge]] = defaultdict(list)
         self.successors: dict[str, list[str]] = defaultdict(list)
+        self.logical_in: dict[str, list[str]] = defaultdict(list)
         for e in graph.kept():
             if e.src in self.nodes and e.dst in self.nodes and e.src != e.dst:
-                self.incoming[(e.dst, e.param)].append(e)
+                if e.logical:
+                    self.logical_in[e.dst].append(e.src)
+                else:
+                    self.incoming[(e.dst, e.param)].append(e)
                 if e.dst not in self.successors[e.src]:
                     self.successors[e.src].append(e.dst)
         self.uses: Counter[str] = Counter()
 
-    def internal(self, param: str) -> bool:
-        return is_identifier(param) or strict_id(param)
+    def internal(self, tool: str, param: str) -> bool:
+        p = next((p for p in self.nodes[tool].params if p.name == param), None)
+        if p is not None and p.kind is not None:
+            return p.kind == "internal"
+        return regex_kind(param) == "internal"  # a graph from before the classification
 
     def _producer_edges(self, tool: str, param: str, exclude: set[str]) -> list[Edge]:
         return [e for e in self.incoming.get((tool, param), []) if e.src not in exclude]
@@ -61,10 +71,10 @@ class BackwardSampler:
                     return Binding(kind="step", step=idx, field=e.field)
         return None
 
-    def _fallback(self, param: str) -> Binding | None:
+    def _fallback(self, tool: str, param: str) -> Binding | None:
         """A parameter no tool in the chain produces: an id from the database (the user's own
         data), else a value the user states; None for a surrogate key the database lacks."""
-        where = db_source(param, self.columns) if self.internal(param) else None
+        where = db_source(param, self.columns) if self.internal(tool, param) else None
         if where is not None:
             return Binding(kind="db", table=where[0], column=where[1])
         return None if strict_id(param) else Binding(kind="task")
@@ -76,16 +86,20 @@ class BackwardSampler:
             return True
         mark = len(steps)
         try:
+            required = [p for p in self.nodes[tool].params if p.required]
+            before = [t for t in self.logical_in.get(tool, []) if t not in path]
+            if before and not any(s.tool in before for s in steps) and (not required or rng.random() < self.p):
+                self.resolve(rng.choice(before), steps, path | {tool}, rng, max_len)
             bindings: dict[str, Binding] = {}
-            for p in (p for p in self.nodes[tool].params if p.required):
+            for p in required:
                 binding = self._from_chain(tool, p.name, steps)
                 producers = self._producer_edges(tool, p.name, path | {tool})
-                wanted = self.internal(p.name) and binding is None
+                wanted = self.internal(tool, p.name) and binding is None
                 if producers and (wanted or rng.random() < self.p):
                     e = rng.choice(producers)
                     if self.resolve(e.src, steps, path | {tool}, rng, max_len):
                         binding = self._from_chain(tool, p.name, steps) or binding
-                binding = binding or self._fallback(p.name)
+                binding = binding or self._fallback(tool, p.name)
                 if binding is None:
                     raise LookupError(p.name)
                 bindings[p.name] = binding

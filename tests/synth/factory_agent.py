@@ -79,6 +79,17 @@ def describe(calls: list[tuple[str, dict[str, Any], Any]]) -> str:
     return ", then ".join(steps)
 
 
+def refine_echo(req: SeenRequest) -> str:
+    """The refinement stage scripted: each turn's drafted message as written (the scripted drafts
+    carry one), so the request is exactly what the scripted QueryGen meant."""
+    plan = json.loads(query_prompt_of(req).split("The plan, one entry per turn:\n", 1)[1])
+    return json.dumps({"messages": [t.get("draft") or f"Hi, {t['goal']} Thanks!" for t in plan["turns"]]})
+
+
+def script_refine(mock: MockOpenAI) -> None:
+    mock.script(refine_echo, stage="queries_refine", repeat=True)
+
+
 def staged(turns: list[dict[str, Any]]) -> str:
     """A QueryGen answer with every stage: profile, scenario, per turn subgoals, goal, message."""
     return json.dumps({"profile": "A regular user of the app.", "scenario": "They are sorting out their account.",
@@ -143,6 +154,7 @@ class ScriptedWorld:
 
     def install(self, mock: MockOpenAI) -> None:
         mock.script(self.querygen, stage="queries", repeat=True)
+        script_refine(mock)
         mock.script(self.agent, match=lambda r: r.stage == "", repeat=True)
 
 

@@ -106,6 +106,38 @@ def return_loan(loan_id: int = Path(..., description="Id of the loan.")):
     return {"loan_id": loan_id, "status": "returned"}
 '''
 
+_OVERDUE = '''
+
+class LoanRow(BaseModel):
+    id: int = Field(..., description="Loan id.")
+    book_id: int = Field(..., description="The lent book.")
+    borrower_name: str = Field(..., description="Who has it.")
+
+
+class Overdue(BaseModel):
+    overdue: List[LoanRow]
+
+
+@app.get("/api/loans/overdue", response_model=Overdue, operation_id="list_overdue", summary="Overdue loans",
+         description="Every open loan, oldest first.")
+def list_overdue():
+    s = SessionLocal()
+    rows = [LoanRow(id=x.id, book_id=x.book_id, borrower_name=x.borrower_name)
+            for x in s.query(Loan).filter(Loan.status == "open").order_by(Loan.id).all()]
+    s.close()
+    return Overdue(overdue=rows)
+
+
+@app.post("/api/loans/close", operation_id="close_all_loans", summary="Close all loans",
+          description="Mark every open loan returned (end of term).")
+def close_all_loans():
+    s = SessionLocal()
+    n = s.query(Loan).filter(Loan.status == "open").update({"status": "returned"})
+    s.commit()
+    s.close()
+    return {"closed": n}
+'''
+
 SCHEMA = {"tables": [
     {"name": "books", "ddl": "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL);", "indexes": []},
     {"name": "loans", "ddl": "CREATE TABLE loans (id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL "
@@ -123,6 +155,13 @@ def lending_bundle() -> EnvBundle:
     """Tools: ping, yearly_report (fails every probe), list_books, get_book (response models),
     lend_book, return_loan (no response models: probed)."""
     return EnvBundle(name="lending_1", code=_HEAD + _LENDING, db_schema=DBSchema.model_validate(SCHEMA),
+                     sample_data=SampleData.model_validate(SAMPLE), tasks=["noop"])
+
+
+def overdue_bundle() -> EnvBundle:
+    """The lending tools plus list_overdue (loan ids under ``overdue[].id``, which the name rule does
+    not tie to ``loan_id``) and close_all_loans (no input: isolated without a logical edge)."""
+    return EnvBundle(name="overdue_1", code=_HEAD + _LENDING + _OVERDUE, db_schema=DBSchema.model_validate(SCHEMA),
                      sample_data=SampleData.model_validate(SAMPLE), tasks=["noop"])
 
 

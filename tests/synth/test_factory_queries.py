@@ -23,6 +23,7 @@ from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
 from tests.synth.factory_agent import (
     ScriptedWorld,
+    script_refine,
     script_world,
     scripted_solver,
     staged_messages,
@@ -83,6 +84,7 @@ def test_failing_chain_is_dropped_before_any_llm_call(lending_chains, mock_opena
 def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, sandbox) -> None:
     runtime, columns, chains = lending_chains
     mock_openai.script('{"messages": ["Lend', '{"messages": []}', '{"text": "hi"}', request(), stage="queries")
+    script_refine(mock_openai)
     first, second = asyncio.run(_episodes(runtime, columns, chains[:2], mock_openai, sandbox))
     assert not first.accepted and first.reason == "malformed" and first.verifier_code
     assert second.reason != "malformed"  # the third answer was bad, the retry good
@@ -94,6 +96,7 @@ def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_ope
     lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
     mock_openai.script(request("Please run return_loan on my loan."), request("Please return loan #2 for me."),
                        stage="queries")
+    script_refine(mock_openai)
     named, numbered = asyncio.run(_episodes(runtime, columns, [lend, lend], mock_openai, sandbox))
     assert (named.reason, numbered.reason) == ("names_tool", "names_id")
     assert not named.accepted and not numbered.accepted
@@ -226,7 +229,12 @@ def test_times_the_env_stamps_are_not_checked() -> None:
 
 def test_query_stages_and_answer_shapes() -> None:
     from synth._parse import ParseError
-    from synth.factory.querygen import MAX_TURN_CALLS, parse_query, plan_turns
+    from synth.factory.querygen import (
+        MAX_TURN_CALLS,
+        parse_query,
+        parse_refined,
+        plan_turns,
+    )
 
     turn = {"subgoals": ["lend the book", "return it"], "goal": "Lend Dune to Ann, then return it.",
             "message": {"role": "user", "content": "Lend Dune to Ann and bring it back."}}
@@ -247,6 +255,12 @@ def test_query_stages_and_answer_shapes() -> None:
         parse_query(json.dumps({**answer, "turns": [{**turn, "goal": ""}]}), [2])
     with pytest.raises(ParseError):
         parse_query('{"messages": ["Lend Dune to Ann."]}', [1])  # the message alone skips the stages
+    refined = parse_refined('{"messages": [{"role": "user", "content": "Can Ann borrow Dune till tomorrow?"}]}', plan)
+    assert refined == ["Can Ann borrow Dune till tomorrow?"]
+    with pytest.raises(ParseError, match="repeats its goal"):     # the calibration skipped: the goal copied
+        parse_refined('{"messages": ["lend Dune to Ann, then return it"]}', plan)
+    with pytest.raises(ParseError, match="2 messages for 1 turns"):
+        parse_refined('{"messages": ["Lend it.", "Return it."]}', plan)
     for n in range(1, 12):
         for seed in range(20):
             sizes = plan_turns(n, str(seed))
@@ -276,6 +290,7 @@ def test_agent_endpoint_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandb
     prepare_run(tmp_path, n=6)
     world = ScriptedWorld()
     mock_openai.script(world.querygen, stage="queries", repeat=True)
+    script_refine(mock_openai)
     down = mock_openai.script(Reply.error(500), match=lambda r: r.stage == "", repeat=True)  # the agent's
 
     async def run() -> dict:
@@ -294,3 +309,30 @@ def test_agent_endpoint_errors_are_left_for_a_rerun(tmp_path, mock_openai, sandb
     mock_openai.script(world.agent, match=lambda r: r.stage == "", repeat=True)
     again = asyncio.run(run())
     assert again["new"] == failed["llm_errors"] and again["episodes"] == 6 and again["accepted"] >= 1
+
+
+def test_the_request_is_the_calibrated_refinement_not_the_draft(lending_chains, mock_openai, sandbox) -> None:
+    """Two stages: the draft's goals go to the refinement, whose messages are the request; a
+    refinement that copies a goal is sent back with the error."""
+    runtime, columns, chains = lending_chains
+    chain = next(c for c in chains if c.steps[-1].tool == "return_loan")
+    world = ScriptedWorld()
+
+    def draft(req):  # the scripted plan, its drafted messages blanked out
+        plan = json.loads(world.querygen(req))
+        return json.dumps({**plan, "turns": [{**t, "message": ""} for t in plan["turns"]]})
+
+    def copies_goals(req):
+        plan = json.loads(req.last_user.split("The plan, one entry per turn:\n", 1)[1])
+        return json.dumps({"messages": [t["goal"] for t in plan["turns"]]})
+
+    mock_openai.script(draft, stage="queries", repeat=True)
+    mock_openai.script(copies_goals, lambda req: json.dumps({"messages": world.requests[-1].split("\n\n")}),
+                       stage="queries_refine")
+    mock_openai.script(world.agent, match=lambda r: r.stage == "", repeat=True)
+    (ep,) = asyncio.run(_episodes(runtime, columns, [chain], mock_openai, sandbox))
+    assert ep.accepted, (ep.reason, ep.detail)
+    assert task_text(ep) == world.requests[-1] and [t["message"] for t in ep.query["turns"]] == ep.messages
+    refine = [r for r in mock_openai.requests if r.stage == "queries_refine"]
+    assert len(refine) == 2 and "repeats its goal" in refine[1].last_user
+    assert all(t["goal"] in refine[0].last_user for t in ep.query["turns"])  # the refinement saw the draft
