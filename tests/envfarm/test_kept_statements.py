@@ -87,6 +87,18 @@ async def keep_and_wait(seconds: float = 0.3):
     await keep()
     await asyncio.sleep(seconds)
     return {"waited": seconds}
+
+
+@app.post("/k/keep_and_spin", operation_id="keep_and_spin")
+def keep_and_spin(seconds: float = 0.3):
+    """A sync handler (FastAPI runs it on a worker thread) that keeps its handle and stays
+    busy: the event loop runs other leases' calls meanwhile."""
+    import time as _time
+    _KEPT.update(conn=_raw())
+    until = _time.monotonic() + seconds
+    while _time.monotonic() < until:
+        pass
+    return {"spun": seconds}
 '''
 
 SECRET = "only-in-lease-a"
@@ -163,3 +175,12 @@ async def test_a_kept_handle_does_nothing_while_its_owner_waits_in_a_call(pair):
     _refused(await b.call("use_kept", {"how": "write", "sql": "DELETE FROM notes"}))
     assert (await waiting).ok
     assert SECRET in [n["title"] for n in (await a.call("list_notes", {})).result]
+
+
+async def test_a_kept_handle_does_nothing_while_its_owner_runs_in_a_thread(pair):
+    a, b = pair
+    spinning = asyncio.ensure_future(a.call("keep_and_spin", {"seconds": 0.4}))
+    await asyncio.sleep(0.15)  # A's handler is busy on a worker thread
+    assert not spinning.done()
+    _refused(await b.call("use_kept", {"how": "conn", "sql": SELECT}))
+    assert (await spinning).ok
