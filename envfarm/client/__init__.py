@@ -24,8 +24,8 @@ from envfarm.errors import (
 
 __all__ = [
     "ASGITransport",
-    "AiohttpTransport",
     "AgentError",
+    "AiohttpTransport",
     "EnvError",
     "EnvfarmError",
     "EpisodeReport",
