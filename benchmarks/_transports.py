@@ -1,5 +1,5 @@
-"""The SDK transports bench_rollout compares: aiohttp (less per-request bookkeeping than httpx),
-coalescing owner batches, and in-cluster DeploymentHandles."""
+"""The SDK transports bench_rollout compares beyond the SDK's own (aiohttp, httpx): coalescing
+owner batches, and in-cluster DeploymentHandles."""
 
 from __future__ import annotations
 
@@ -8,38 +8,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-import aiohttp
-
 from envfarm.client import Reply
-from envfarm.errors import TransportError
-
-
-# -- transports (the SDK's one-method Transport protocol) ---------------------------------------
-class AiohttpTransport:
-    """The SDK over aiohttp: less per-request bookkeeping than httpx's pool (see RESULTS.md)."""
-
-    def __init__(self, base_url: str, *, max_connections: int = 1024, timeout_s: float = 60.0
-                 ) -> None:
-        self.base = base_url.rstrip("/")
-        self.session = aiohttp.ClientSession(
-            # close idle connections before uvicorn does (its keep-alive is 5 s): else a reused
-            # connection races the server's close and a non-retryable call fails
-            connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=3.0),
-            timeout=aiohttp.ClientTimeout(total=timeout_s, connect=10.0))
-
-    async def request(self, method: str, path: str, *, json: Any = None,
-                      headers: dict[str, str] | None = None) -> Reply:
-        try:
-            async with self.session.request(method, self.base + path, json=json,
-                                            headers=headers) as r:
-                return Reply(status=r.status, body=await r.read())
-        except aiohttp.ClientConnectorError as exc:
-            raise TransportError(f"could not reach the farm: {exc!r}", sent=False) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise TransportError(f"request to the farm failed: {exc!r}", sent=True) from exc
-
-    async def aclose(self) -> None:
-        await self.session.close()
 
 
 class CoalescingTransport:

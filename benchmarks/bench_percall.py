@@ -65,19 +65,21 @@ STAGES = [
 ]
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants now."""
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process, and of it and all its descendants, now."""
     import psutil
 
-    total = 0.0
+    own = total = 0.0
     root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:
         try:
             t = proc.cpu_times()
-            total += t.user + t.system
         except psutil.Error:
             continue
-    return total
+        total += t.user + t.system
+        if proc is root:
+            own = t.user + t.system
+    return own, total
 
 
 def cpu_per_call(pid: int, url: str, requests: list, conns: int, seconds: float
@@ -87,14 +89,16 @@ def cpu_per_call(pid: int, url: str, requests: list, conns: int, seconds: float
     runner = threading.Thread(target=lambda: out.append(wrk(url, requests, conns, seconds)))
     runner.start()
     time.sleep(1)
-    c0, t0 = tree_cpu(pid), time.perf_counter()
+    (r0, c0), t0 = tree_cpu(pid), time.perf_counter()
     time.sleep(max(0.5, seconds - 2))
-    c1, dt = tree_cpu(pid), time.perf_counter() - t0
+    (r1, c1), dt = tree_cpu(pid), time.perf_counter() - t0
     runner.join()
     res = out[0]
     calls = res["req_per_s"] * dt
     return {**res, "cpu_cores": round((c1 - c0) / dt, 3),
-            "cpu_us_per_call": round((c1 - c0) / calls * 1e6, 1)}
+            "cpu_us_per_call": round((c1 - c0) / calls * 1e6, 1),
+            # the root process alone: the farm's front (its workers are the rest)
+            "front_us_per_call": round((r1 - r0) / calls * 1e6, 1)}
 
 
 def _stage(frame: str) -> str:
@@ -233,6 +237,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                    "p50_ms": statistics.median(x["p50_ms"] for x in rows)}
             if "cpu_us_per_call" in rows[0]:
                 fig["cpu_us_per_call"] = statistics.median(x["cpu_us_per_call"] for x in rows)
+                fig["front_us_per_call"] = statistics.median(x["front_us_per_call"] for x in rows)
                 if system != "awm":
                     fig["cpu_vs_awm"] = round(statistics.median(
                         r[system][mode]["cpu_us_per_call"] / r["awm"]["http_32"]["cpu_us_per_call"]

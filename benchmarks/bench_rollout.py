@@ -43,12 +43,12 @@ sys.path.insert(0, str(REPO))
 PY = sys.executable
 
 from envfarm import EnvRuntime, load_catalog  # noqa: E402
-from envfarm.client import Farm, HTTPTransport  # noqa: E402
+from envfarm.client import AiohttpTransport, Farm, HttpxTransport  # noqa: E402
 from trainer.episode import EpisodeResult, run_episode  # noqa: E402
 from trainer.policy import ScriptedPolicy  # noqa: E402
 
 from _procs import wait_http  # noqa: E402
-from _transports import AiohttpTransport, CoalescingTransport, HandleTransport  # noqa: E402
+from _transports import CoalescingTransport, HandleTransport  # noqa: E402
 
 GROUP = 8  # G: rollouts per task, leased together on the batched paths
 
@@ -111,7 +111,7 @@ def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, 
              batched: bool, profile: bool = False, incluster: bool = False) -> dict:
     async def go() -> dict:
         inner = (AiohttpTransport(url, max_connections=concurrency * 2) if transport == "aiohttp"
-                 else HTTPTransport(url, max_connections=concurrency * 2))
+                 else HttpxTransport(url, max_connections=concurrency * 2))
         t: Any = inner
         if incluster:
             from envfarm.serve import InClusterFarm

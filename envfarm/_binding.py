@@ -80,8 +80,9 @@ class RoutedConnection:
 
 def owned_by_caller(conn: sqlite3.Connection):
     """An authorizer for an instance's connection: what ``_sqlite_guard.authorize`` allows,
-    and only while that instance's own call runs (a raw handle kept from another lease's call,
-    a cursor included, gets 'not authorized')."""
+    and only while that instance's own call runs (a raw handle kept from another lease's call
+    gets 'not authorized' for a new statement; ``_sqlite_guard.Fence`` stops the ones it had
+    already prepared)."""
     ref = weakref.ref(conn)
 
     def authorize(action: int, arg1, arg2, db_name, trigger) -> int:
@@ -89,6 +90,9 @@ def owned_by_caller(conn: sqlite3.Connection):
         if verdict == sqlite3.SQLITE_OK:
             slot = _slot.get()
             if slot is not None and slot.conn is not ref():
+                return sqlite3.SQLITE_DENY
+            guard = _guard.active_guard()  # also by thread: code in an empty Context
+            if guard is not None and guard.conn is not None and guard.conn is not ref():
                 return sqlite3.SQLITE_DENY
         return verdict
 

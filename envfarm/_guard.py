@@ -79,12 +79,14 @@ class CallGuard:
     aimed at it, so none can land in unrelated code after the call.
     """
 
-    __slots__ = ("deadline", "conn", "_running", "_injected", "_injecting", "done", "fired",
-                 "tasks")
+    __slots__ = ("deadline", "conn", "fence", "_running", "_injected", "_injecting", "done",
+                 "fired", "tasks")
 
-    def __init__(self, timeout_s: float, conn: sqlite3.Connection | None) -> None:
+    def __init__(self, timeout_s: float, conn: sqlite3.Connection | None, fence=None) -> None:
         self.deadline = time.monotonic() + timeout_s
         self.conn = conn
+        #: ``conn``'s ``_sqlite_guard.Fence``, lifted during the call's steps when it may be.
+        self.fence = fence
         self._running: dict[int, int] = {}
         self._injected: set[int] = set()
         self._injecting = False
@@ -238,13 +240,19 @@ class Tracked(collections.abc.Coroutine):
         if self._spawned and guard.done:
             self._coro.close()
             raise CallTimeout("a task spawned by env code outlived its call")
+        fence = guard.fence  # lifted before enter: no CallTimeout can land in between
+        lifted = fence is not None and fence.open_for_step()
         try:
             guard.enter()
             return method(*args)
         except (SystemExit, KeyboardInterrupt) as exc:
             raise EnvCodeExit(f"env code raised {type(exc).__name__}({exc})") from None
         finally:
-            guard.exit()
+            try:
+                guard.exit()
+            finally:
+                if lifted:
+                    fence.close()
 
     def close(self):
         self._coro.close()

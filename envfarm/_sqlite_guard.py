@@ -5,13 +5,19 @@ SQLite can open and write other files from plain SQL: ``ATTACH DATABASE '/any/pa
 pragmas (``temp_store_directory``). ``harden`` closes those with two independent layers: the
 attach limit set to 0 and an authorizer that denies ATTACH/DETACH (VACUUM INTO asks for ATTACH on
 its target), extension loading and any pragma not on a short list. The authorizer also denies
-every statement from env code whose call already ended (a task or thread that outlived it), and
-``expire`` makes SQLite re-prepare cached statements so such code cannot reuse one either.
+every statement from env code whose call already ended (a task or thread that outlived it).
+SQLite consults an authorizer only when it prepares a statement; ``Fence`` stops statements that
+are already prepared (cached, kept in a cursor) from running for code other than their
+connection's own call.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from envfarm import _guard
 
@@ -110,9 +116,99 @@ def harden(conn: sqlite3.Connection, authorizer=authorize) -> sqlite3.Connection
     return conn
 
 
-def expire(conn: sqlite3.Connection) -> None:
-    """Make SQLite re-prepare (and so re-authorize) every cached statement of ``conn``."""
-    conn.set_authorizer(getattr(conn, "envfarm_authorizer", authorize))
+class Fence:
+    """Stops every statement on one instance's connection, prepared or not, from taking a step
+    unless the code running it is that connection's own call (``CallGuard.conn``), or host code
+    inside ``host()``.
+
+    It is the connection's SQLite progress handler with a period of one VM instruction, so
+    SQLite calls it before any ``sqlite3_step`` returns a row or finishes, and a non-zero
+    answer interrupts the statement (its writes rolled back). That is a Python call every few
+    VM instructions (a 1,000-row scan: 3,000), so while the only call in flight in the process
+    runs a step of its own code the handler is lifted (``open_for_step``) and put back right
+    after: no other env code can run then. This replaces expiring every cached statement after
+    each call (each call then re-prepared all its SQL: ~100-200 us), and also covers what that
+    did not: a cursor halfway through its rows, and code that runs as host code (a loop
+    callback in an empty ``contextvars.Context``).
+    """
+
+    __slots__ = ("__weakref__", "_conn", "_host")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = weakref.ref(conn)
+        self._host = False
+        self.close()
+
+    def __call__(self) -> int:
+        guard = _guard.active_guard()
+        if guard is None:
+            return 0 if self._host else 1
+        return 0 if guard.conn is self._conn() and not guard.done else 1
+
+    def _handler(self, handler) -> None:
+        conn = self._conn()
+        if conn is not None:
+            try:  # the base method: the override refuses callers inside env code
+                sqlite3.Connection.set_progress_handler(conn, handler, 1)
+            except sqlite3.ProgrammingError:
+                pass  # closed: an instance's failed call or reset replaced it
+
+    def close(self) -> None:
+        self._handler(self)
+
+    def open_for_step(self) -> bool:
+        """Lift the fence for one step of this connection's call if it is the only call in
+        flight; True if lifted (then ``close`` after the step)."""
+        if _calls.solo is not self:
+            return False
+        self._handler(None)
+        if _calls.solo is not self:  # another call started meanwhile, in another thread
+            self.close()
+            return False
+        return True
+
+    @contextmanager
+    def host(self) -> Iterator[None]:
+        """Host code's own statements on this connection (state keys, rollback)."""
+        self._host = True
+        try:
+            yield
+        finally:
+            self._host = False
+
+
+class _Calls:
+    """Calls in flight in this process, and which one may run unfenced (``Fence``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self.solo: Fence | None = None
+        #: Set once a call timed out: its code may still run somewhere, so no fence is lifted.
+        self.stale = False
+
+    def started(self, fence: Fence) -> None:
+        with self._lock:
+            self._in_flight += 1
+            previous = self.solo
+            self.solo = fence if self._in_flight == 1 and not self.stale else None
+        if previous is not None and previous is not fence:
+            previous.close()  # it now runs alongside another call
+
+    def ended(self, fence: Fence) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self.solo is fence:
+                self.solo = None
+
+
+_calls = _Calls()
+call_started, call_ended = _calls.started, _calls.ended
+
+
+def some_call_timed_out() -> None:
+    """A call's code may outlive it: never run a connection unfenced in this process again."""
+    _calls.stale = True
 
 
 def connect_memory(check_same_thread: bool = False) -> GuardedConnection:

@@ -32,9 +32,9 @@ DEFAULT_CALL_TIMEOUT_S = 10.0
 MAX_PAYLOAD_BYTES = 1 << 20
 #: How long the tasks a call spawned get to unwind after it was cancelled, inside the call.
 SPAWNED_TASK_GRACE_S = 0.2
-#: The database header's fields a write may change without changing ``total_changes``.
-_HEADER_FIELDS = ("SELECT * FROM pragma_schema_version, pragma_user_version, "
-                  "pragma_application_id")
+#: The database header's fields a write may change without changing ``total_changes`` (one
+#: pragma each: a join of the three table-valued pragmas costs 3x as much).
+_HEADER_FIELDS = ("PRAGMA schema_version", "PRAGMA user_version", "PRAGMA application_id")
 
 
 class EnvRuntime:
@@ -110,13 +110,17 @@ class Instance:
         _sqlite_guard.harden(self.conn, _binding.owned_by_caller(self.conn))
         self.conn.deserialize(data)
         self._slot = _binding.Slot(self.conn)
+        #: Only this instance's own calls (and the host) run statements on its connection.
+        self.fence = _sqlite_guard.Fence(self.conn)
         self._saved: tuple[tuple, bytes] | None = (self._state_key(), data)
 
     def _state_key(self) -> tuple:
         """Changes whenever the database's bytes may have: rows written (``total_changes``
         counts every INSERT/UPDATE/DELETE row, triggers' and rolled-back ones included), the
         schema, or the header's user fields."""
-        return (self.conn.total_changes, *self.conn.execute(_HEADER_FIELDS).fetchall())
+        with self.fence.host():
+            return (self.conn.total_changes,
+                    *(self.conn.execute(sql).fetchone()[0] for sql in _HEADER_FIELDS))
 
     def _rollback_point(self) -> bytes:
         """The current state as bytes to restore a failed call from. Reused while nothing was
@@ -186,12 +190,24 @@ class Instance:
         return op, op.build_request(arguments)
 
     async def _call_locked(self, op: Operation, request: tuple, started: float) -> CallResult:
-        path, query, body = request
-        timeout = self.runtime.call_timeout_s
         before = self._rollback_point()
-        guard = _guard.CallGuard(timeout, self.conn)
+        fence = self.fence
+        guard = _guard.CallGuard(self.runtime.call_timeout_s, self.conn, fence)
         _guard.track_tasks(asyncio.get_running_loop())
         token = _binding.bind(self._slot)
+        _sqlite_guard.call_started(fence)
+        try:
+            answer = await self._run(op, request, guard, started)
+        finally:
+            _binding.unbind(token)
+            _sqlite_guard.call_ended(fence)
+        return self._finish(op, answer, started, before)
+
+    async def _run(self, op: Operation, request: tuple, guard: _guard.CallGuard,
+                   started: float) -> tuple[Any, int | None]:
+        """The env app's answer to one call (or a failed ``CallResult``), and its status."""
+        path, query, body = request
+        timeout = self.runtime.call_timeout_s
         status: int | None = None
         try:
             with _guard.guarded(guard):
@@ -207,6 +223,7 @@ class Instance:
             result = decode_body(raw, content_type)
         except (_guard.CallTimeout, TimeoutError):
             self.runtime.timeouts += 1
+            _sqlite_guard.some_call_timed_out()
             result = _failed("env_error", f"tool {op.spec.name!r} timed out after {timeout:g} s",
                              status, started)
         except asyncio.CancelledError:
@@ -218,11 +235,11 @@ class Instance:
         except BaseException as exc:  # noqa: BLE001 - env code may raise anything, SystemExit too
             result = _failed("env_error", f"tool {op.spec.name!r} raised {type(exc).__name__}: "
                              f"{_clip(str(exc))}", status, started)
-        finally:
-            _binding.unbind(token)
-            # Statements cached during the call are re-authorized on next use: code that
-            # outlived the call (a thread stuck in C, a callback) is denied by the authorizer.
-            _sqlite_guard.expire(self.conn)
+        return result, status
+
+    def _finish(self, op: Operation, answer: tuple[Any, int | None], started: float,
+                before: bytes) -> CallResult:
+        result, status = answer
         if isinstance(result, CallResult) or status is None or status >= 400:
             self._restore(before)  # a failed call leaves no partial writes behind
             if isinstance(result, CallResult):
@@ -230,7 +247,8 @@ class Instance:
             kind = "agent_error" if status < 500 else "env_error"
             return _failed(kind, _error_message(op.spec.name, status, result), status, started)
         if self.conn.in_transaction:
-            self.conn.rollback()  # uncommitted work is lost, as with a real server
+            with self.fence.host():
+                self.conn.rollback()  # uncommitted work is lost, as with a real server
         return CallResult(ok=True, result=result, status=status,
                           elapsed_ms=(time.perf_counter() - started) * 1000)
 

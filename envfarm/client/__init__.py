@@ -4,7 +4,14 @@ from envfarm.client._client import Farm, Lease
 from envfarm.client._episode import EpisodeReport, reference_episode
 from envfarm.client._errors import EnvError, LeaseLost, error_from_wire
 from envfarm.client._sync import SyncFarm, SyncLease
-from envfarm.client._transport import ASGITransport, HTTPTransport, Reply, Transport
+from envfarm.client._transport import (
+    AiohttpTransport,
+    ASGITransport,
+    HTTPTransport,
+    HttpxTransport,
+    Reply,
+    Transport,
+)
 from envfarm.errors import (
                             AgentError,
                             EnvfarmError,
@@ -18,11 +25,13 @@ from envfarm.errors import (
 __all__ = [
     "ASGITransport",
     "AgentError",
+    "AiohttpTransport",
     "EnvError",
     "EnvfarmError",
     "EpisodeReport",
     "Farm",
     "HTTPTransport",
+    "HttpxTransport",
     "Lease",
     "LeaseForbidden",
     "LeaseLost",

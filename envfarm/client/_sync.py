@@ -101,7 +101,7 @@ class SyncLease:
 
 
 async def _make(url: str, options: dict[str, Any]) -> Farm:
-    return Farm(url, **options)  # the httpx client must be made inside the runner's loop
+    return Farm(url, **options)  # its HTTP client must be made inside the runner's loop
 
 
 def _refuse_in_loop() -> None:

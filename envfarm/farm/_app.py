@@ -85,7 +85,7 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
                   description="Lease isolated tool-use environments; see DESIGN.md.")
     install_error_handlers(app)
     if core.config.fast_paths:
-        app.add_middleware(FastCall, core=core)  # inside BodyLimit: oversized bodies get 413
+        app.add_middleware(FastCall, core=core, mcp=mcp)  # inside BodyLimit: 413 for big bodies
     app.add_middleware(JSONGuard)  # hostile JSON: 400 before any route parses it
     app.add_middleware(BodyLimit, limit=core.config.max_body_bytes)
     app.state.drain = Drain()  # a stop waits for requests in flight (PoolReplica.drain)

@@ -33,6 +33,9 @@ from envfarm.wire import LEASE_ID_PATTERN
 
 _CALL_PATH = re.compile(r"^/envs/([A-Za-z0-9_.\-]{1,200})/leases/(" + LEASE_ID_PATTERN[1:-1]
                         + r")/call$")
+#: A lease's MCP endpoint, with its credential in the path or not (``_app``'s two routes).
+_MCP_PATH = re.compile(r"^/envs/([A-Za-z0-9_.\-]{1,200})/leases/(" + LEASE_ID_PATTERN[1:-1]
+                       + r")/mcp(?:/([^/]+))?$")
 _JSON = b"application/json"
 _MCP_PARAMS = frozenset({"name", "arguments", "_meta"})
 # _meta keys that change nothing for a tool that sends no progress or other notifications.
@@ -83,6 +86,14 @@ def bearer_of(scope: Scope) -> str | None:
     return bearer_value((scope_header(scope, b"authorization") or b"").decode("latin-1"))
 
 
+def json_message(body: bytes) -> Any:
+    """The parsed body, or None when it is not JSON."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
         data = json.loads(body)
@@ -104,15 +115,27 @@ def call_request(body: bytes) -> tuple[str, dict[str, Any]] | None:
 
 
 class FastCall:
-    """Answers well-formed ``/call`` requests itself; everything else goes on to ``app``."""
+    """Answers well-formed ``/call`` requests itself and hands a lease's MCP POSTs straight to
+    its MCP handler (``mcp``); everything else goes on to ``app``."""
 
-    def __init__(self, app: ASGIApp, core: FarmCore) -> None:
+    def __init__(self, app: ASGIApp, core: FarmCore, mcp: ASGIApp | None = None) -> None:
         self.app = app
         self.core = core
+        self.mcp = mcp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = (_CALL_PATH.match(scope["path"])
-                 if scope["type"] == "http" and scope["method"] == "POST" else None)
+        post = scope["type"] == "http" and scope["method"] == "POST"
+        match = _CALL_PATH.match(scope["path"]) if post else None
+        if match is None and post and self.mcp is not None:
+            mcp = _MCP_PATH.match(scope["path"])
+            if mcp is not None:
+                # Past FastAPI's routing (its MCP routes come after every other route's pattern)
+                # with the path parameters its route would give.
+                env, lease_id, cap = mcp.groups()
+                scope["path_params"] = {"env": env, "lease_id": lease_id,
+                                        **({"cap": cap} if cap is not None else {})}
+                await self.mcp(scope, receive, send)
+                return
         if match is None or not 3 <= len(match.group(2)) <= 100:
             await self.app(scope, receive, send)
             return
@@ -182,12 +205,13 @@ def _modern_ladder_passes(scope: Scope, msg: dict[str, Any], schema: dict[str, A
     return True
 
 
-def mcp_tools_call(scope: Scope, body: bytes, tools: dict[str, ToolSpec]) -> MCPCall | None:
+def mcp_tools_call(scope: Scope, msg: Any, tools: dict[str, ToolSpec]) -> MCPCall | None:
     """A single, plain ``tools/call`` of a known tool that the transport would accept; else None
-    (FastMCP answers it: other methods, batches, unknown tools, odd headers or fields)."""
+    (FastMCP answers it: other methods, batches, unknown tools, odd headers or fields).
+    ``msg``: the parsed body (``json_message``)."""
     modern = _mcp_era(scope)
-    msg = None if modern is None else _json_object(body)
-    if (msg is None or msg.keys() != {"jsonrpc", "id", "method", "params"}
+    if (modern is None or not isinstance(msg, dict)
+            or msg.keys() != {"jsonrpc", "id", "method", "params"}
             or msg["jsonrpc"] != "2.0" or msg["method"] != "tools/call"):
         return None
     rid, params = msg["id"], msg["params"]

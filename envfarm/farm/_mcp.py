@@ -11,7 +11,6 @@ transport, dispatcher and middleware cost more than the tool itself.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -26,6 +25,7 @@ from envfarm.errors import EnvfarmError
 from envfarm.farm._capability import credential_matches
 from envfarm.farm._core import FarmCore, LeaseRecord
 from envfarm.farm._fastpath import (
+    json_message,
     mcp_response,
     mcp_tools_call,
     read_body,
@@ -130,7 +130,8 @@ class LeaseMCP:
                 return  # the client is gone
         try:
             lease = self.core.lease(env, lease_id, self._token(scope, lease_id))
-            calls = tool_calls(body) if body else 0
+            message = json_message(body) if body else None
+            calls = tool_calls(message)
             for _ in range(calls):
                 self.core.admit_call(lease)
         except EnvfarmError as exc:
@@ -141,7 +142,7 @@ class LeaseMCP:
             await self._app_for(lease.env)
         if body is not None:
             if self.fast_path:
-                call = mcp_tools_call(scope, body, self.tools[lease.env])
+                call = mcp_tools_call(scope, message, self.tools[lease.env])
                 if call is not None:
                     self.fast_calls += 1
                     try:
@@ -173,11 +174,7 @@ class LeaseMCP:
         return "\x00wrong-credential"
 
 
-def tool_calls(body: bytes) -> int:
-    """How many ``tools/call`` messages a JSON-RPC body (one message or a batch) holds."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return 0
-    messages = data if isinstance(data, list) else [data]
+def tool_calls(message: Any) -> int:
+    """How many ``tools/call`` messages a parsed JSON-RPC body (one message or a batch) holds."""
+    messages = message if isinstance(message, list) else [message]
     return sum(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)

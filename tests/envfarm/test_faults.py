@@ -141,6 +141,7 @@ def test_a_failed_call_restores_the_latest_state_when_the_rollback_point_is_reus
 def test_the_rollback_point_is_renewed_after_any_change_to_the_database(pair, sql):
     inst, _ = pair
     point = inst._rollback_point()
-    inst.conn.execute(sql)  # host code, outside a call
-    inst.conn.commit()
+    with inst.fence.host():  # host code, outside a call
+        inst.conn.execute(sql)
+        inst.conn.commit()
     assert inst._rollback_point() != point
