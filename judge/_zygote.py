@@ -79,19 +79,22 @@ class Job:
         self.status: int | None = None
         self.started = threading.Event()
         self.ended = threading.Event()
+        self._fd_lock = threading.Lock()  # a pidfd is signalled only while it is still ours
 
     def kill(self) -> None:
         self.started.wait(1.0)
-        if self.pidfd is not None and not self.ended.is_set():
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        with self._fd_lock:
+            if self.pidfd is not None and not self.ended.is_set():
+                try:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        with self._fd_lock:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
 
 
 class Zygote:
