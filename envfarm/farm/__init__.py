@@ -61,8 +61,6 @@ from envfarm.wire import (
 
 __all__ = [
     "ANONYMOUS",
-    "KEYS_ENV",
-    "TENANTS_ENV",
     "BadRequest",
     "BatchError",
     "BatchItem",
@@ -79,6 +77,7 @@ __all__ = [
     "Health",
     "InstancePool",
     "JSONGuard",
+    "KEYS_ENV",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",
@@ -92,6 +91,7 @@ __all__ = [
     "ReleaseResponse",
     "ReleaseStatus",
     "ReplicaStatus",
+    "TENANTS_ENV",
     "TaskNotFound",
     "Tenant",
     "Tenants",
