@@ -224,18 +224,19 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
     options = ServeOptions(host=host, port=port, pack=pack, num_cpus=num_cpus, proxy=proxy,
                            deployment=DeploymentOptions(num_replicas=replicas,
                                                         access_log=access_log))
+    # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
+    # driver could leave Ray's client half-way through a call. Ctrl-C's from before the start
+    # (one during it is acted on after it); SIGTERM's after it, as ray.init sets its own.
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
     farm, watch = _start_serve(config, options, address)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
                   f"envs in {len(farm.plans)} deployments, {ready} instances ready "
                   f"(started in {farm.startup_s:.1f} s); Ctrl-C to stop")
-    # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
-    # driver could leave Ray's client half-way through a call.
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         watch.look()  # Ray starts workers (and HAProxy reloads) as it goes
     console.print("shutting down ...")
@@ -299,9 +300,14 @@ def demo(catalog: CatalogOpt = None,
         from envfarm.serve import DeploymentOptions, ServeOptions, stop_within
 
         console.print("starting the farm on an embedded local Ray ...")
-        running, watch = _start_serve(config, ServeOptions(
-            port=port, num_cpus=2, proxy=proxy.value,
-            deployment=DeploymentOptions(num_replicas=1)))
+        early = threading.Event()  # a Ctrl-C during the start (see shielded_start)
+        signal.signal(signal.SIGINT, lambda *_: early.set())
+        try:
+            running, watch = _start_serve(config, ServeOptions(
+                port=port, num_cpus=2, proxy=proxy.value,
+                deployment=DeploymentOptions(num_replicas=1)))
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         url = running.url
 
         def stop() -> None:
@@ -309,6 +315,8 @@ def demo(catalog: CatalogOpt = None,
         console.print(f"farm up on {url} ({running.proxy} ingress) with "
                       f"{len(running.envs)} envs ({running.startup_s:.1f} s)")
     try:
+        if not no_ray and early.is_set():
+            raise KeyboardInterrupt
         report = asyncio.run(_demo_episode(url, name, idx, solution, answer))
     except KeyboardInterrupt:
         stop()

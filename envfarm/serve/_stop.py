@@ -8,7 +8,7 @@ shuts Serve down in order: in-flight requests are answered, then Ray stops. ``st
 bounds that (Serve's own shutdown first drains: in-flight requests are answered, new ones get
 503, see ``RunningFarm.shutdown``), then ends whatever process the farm started that is still
 alive (reparented away from us, an HAProxy left by a reload) by the handles taken while it
-ran. A terminal's Ctrl-C during start-up waits for the start to finish.
+ran. A terminal's Ctrl-C during start-up is kept and acted on once the start finishes.
 """
 
 from __future__ import annotations
@@ -27,12 +27,19 @@ T = TypeVar("T")
 
 
 def shielded_start(start: Callable[[], T]) -> T:
-    """Run ``start`` with SIGINT ignored, so the processes it spawns ignore a terminal's Ctrl-C."""
+    """Run ``start`` with SIGINT ignored, so the processes it spawns ignore a terminal's Ctrl-C.
+
+    SIGINT is also blocked in this thread meanwhile: the kernel discards an ignored signal that
+    is not blocked, so a Ctrl-C during the start would be lost (the farm then ran on, deaf).
+    Blocked, it stays pending and reaches the handler restored after the start: install the one
+    that should hear it (not one that raises) before calling this."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         return start()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C meanwhile arrives now
 
 
 class Descendants:
