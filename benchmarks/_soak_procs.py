@@ -130,10 +130,12 @@ def haproxy_servers(url: str, root: str = "/tmp/haproxy-serve") -> dict[str, dic
 
 
 def haproxy_config(url: str, root: str = "/tmp/haproxy-serve") -> str:
-    """The live config of the Serve HAProxy that listens at ``url``."""
+    """The live config of the Serve HAProxy that listens at ``url``: the newest one binding its
+    port (an earlier farm on the same port leaves its config behind)."""
     from pathlib import Path
 
     port = url.rsplit(":", 1)[1]
-    (text,) = [t for t in (p.read_text() for p in Path(root).glob("*/haproxy.cfg"))
-               if f"bind 127.0.0.1:{port}\n" in t]
-    return text
+    found = [p for p in Path(root).glob("*/haproxy.cfg") if f"bind 127.0.0.1:{port}\n" in p.read_text()]
+    if not found:
+        raise FileNotFoundError(f"no HAProxy config under {root} binds port {port}")
+    return max(found, key=lambda p: p.stat().st_mtime).read_text()

@@ -61,6 +61,8 @@ from envfarm.wire import (
 
 __all__ = [
     "ANONYMOUS",
+    "KEYS_ENV",
+    "TENANTS_ENV",
     "BadRequest",
     "BatchError",
     "BatchItem",
@@ -77,7 +79,6 @@ __all__ = [
     "Health",
     "InstancePool",
     "JSONGuard",
-    "KEYS_ENV",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",
@@ -91,7 +92,6 @@ __all__ = [
     "ReleaseResponse",
     "ReleaseStatus",
     "ReplicaStatus",
-    "TENANTS_ENV",
     "TaskNotFound",
     "Tenant",
     "Tenants",
