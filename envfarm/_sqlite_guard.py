@@ -191,7 +191,10 @@ class _Calls:
         with self._lock:
             self._in_flight += 1
             previous = self.solo
-            self.solo = fence if self._in_flight == 1 and not self.stale else None
+            # Never lifted for now: closing a lifted fence from another thread's call
+            # (set_progress_handler while that connection steps, the GIL held) deadlocked the
+            # synth pipeline; until the lift is made safe, every step runs fenced.
+            self.solo = None
         if previous is not None and previous is not fence:
             previous.close()  # it now runs alongside another call
 
