@@ -27,8 +27,10 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _BLOCKED_EVENTS = {
@@ -321,6 +323,18 @@ def host_code() -> Iterator[None]:
         _current.reset(token)
         if guard is not None:
             _env_threads[tid] = guard
+
+
+def host_finalizer(obj: object, func: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """``weakref.finalize(obj, func, *args)`` whose ``func`` runs as host code: the cyclic
+    collector runs finalizers in whichever thread allocates, env code included, where the
+    process-wide refusals would stop a worker's reaper from killing it (and leak its pipes)."""
+    return weakref.finalize(obj, _as_host, func, *args)
+
+
+def _as_host(func: Callable[..., Any], *args: Any) -> Any:
+    with host_code():
+        return func(*args)
 
 
 def track_tasks(loop) -> None:

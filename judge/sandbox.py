@@ -23,12 +23,12 @@ import os
 import sqlite3
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from envfarm._guard import host_finalizer
 from envfarm.errors import VerifierError
 from envfarm.pipes import read_exact
 from judge._staging import DbInput, Stager, ro_uri
@@ -143,7 +143,7 @@ class VerifierSandbox:
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=self.config.workers,
                                             thread_name_prefix="verifier-sandbox")
-        self._finalizer = weakref.finalize(self, _shutdown, self._zygotes, self._stager)
+        self._finalizer = host_finalizer(self, _shutdown, self._zygotes, self._stager)
         try:
             self._zygote()
         except WorkerGone:

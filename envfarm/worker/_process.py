@@ -17,11 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from envfarm._guard import host_finalizer
 from envfarm.worker import _frames
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
@@ -106,7 +106,7 @@ class WorkerProcess:
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
         self._pipes = _Pipes()
-        self._reaper = weakref.finalize(self, _end, self.proc, self._pipes)
+        self._reaper = host_finalizer(self, _end, self.proc, self._pipes)
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped

@@ -619,3 +619,25 @@ def test_host_finalizers_run_by_the_collector_inside_env_code_may_wait(inst):
         gc.collect()
     assert seen == [("in env code", True), "waited"], seen
     _refused(inst.call_sync("block_async", {}), "may not block")  # env code itself still may not
+
+
+def test_a_dropped_worker_freed_by_the_collector_inside_env_code_is_still_ended(inst):
+    """Seen in CI: a worker handle in a reference cycle, freed by a collection that env code's
+    allocation set off, had its reaper's SIGKILL refused (the worker lived on, its pipes leaked
+    and failed the next test). Host finalizers run as host code wherever the collector runs."""
+    import gc
+
+    from envfarm._guard import CallGuard, guarded
+    from envfarm.worker._process import WorkerProcess
+
+    worker = WorkerProcess({"jail": False, "memory_mb": 256})
+    pid, proc = worker.pid, worker.proc
+    worker.cycle = worker
+    del worker
+    with guarded(CallGuard(2.0, None)):
+        gc.collect()
+    assert proc.returncode is not None, "the worker was left running"
+    assert proc.stdin.closed and proc.stdout.closed
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    _refused(inst.call_sync("os_exit", {}), "may not end")  # env code itself still may not

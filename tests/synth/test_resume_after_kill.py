@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,24 +44,27 @@ def _lines(path: Path) -> int:
 
 
 def _run_until(cmd: list[str], out: Path, file: str, min_lines: int, timeout: float = 60) -> bool:
-    """Start the CLI, SIGKILL it once ``file`` has ``min_lines`` lines; False if it finished first."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return False
-            if _lines(out / file) >= min_lines:
-                os.kill(proc.pid, signal.SIGKILL)
+    """Start the CLI, SIGKILL it once ``file`` has ``min_lines`` lines; False if it finished first
+    (a loaded machine can deschedule this poller past the window). A run that fails says why."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    err.seek(0)
+                    assert proc.returncode == 0, err.read()[-3000:].decode(errors="replace")
+                    return False
+                if _lines(out / file) >= min_lines:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+                    return True
+                time.sleep(0.005)
+            raise AssertionError("the run made no progress")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
                 proc.wait(10)
-                return True
-            time.sleep(0.005)
-        raise AssertionError("the run made no progress")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        proc.stderr.close()
 
 
 @pytest.mark.slow
