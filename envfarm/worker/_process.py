@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from envfarm._guard import host_finalizer
+from envfarm.hostcode import host_finalizer
 from envfarm.worker import _frames
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
