@@ -73,7 +73,33 @@ def _patch_threads() -> None:
 
     threading.Thread.start = thread_start
     _patch(concurrent.futures.ThreadPoolExecutor, ["submit"], "hand work to a thread pool")
+    _patch_handoffs()
     _patch(concurrent.futures.ProcessPoolExecutor, ["submit"], "hand work to a process pool")
+
+
+def _patch_handoffs() -> None:
+    """FastAPI and Starlette hand a call's sync code (handlers, dependencies, serializers) to
+    anyio's thread pool. Before that code can run SQL on another thread, the call's connection
+    is fenced again (``_sqlite_guard.Fence``: only the thread that lifted it may, and only then
+    is nothing else stepping the connection), and it stays fenced until the work is back."""
+    import anyio.to_thread
+
+    real = anyio.to_thread.run_sync
+
+    async def run_sync(func, *args, **kwargs):
+        guard = _guard.active_guard()
+        if guard is None:
+            return await real(func, *args, **kwargs)
+        guard.handoffs += 1
+        try:
+            if guard.fence is not None:
+                guard.fence.end_lift()
+            return await real(func, *args, **kwargs)
+        finally:
+            guard.handoffs -= 1
+
+    run_sync.__name__, run_sync.__doc__ = real.__name__, real.__doc__
+    anyio.to_thread.run_sync = run_sync
 
 
 # -- processes, signals, file descriptors -----------------------------------------------------

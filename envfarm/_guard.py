@@ -27,10 +27,8 @@ import sys
 import sysconfig
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _BLOCKED_EVENTS = {
@@ -82,7 +80,7 @@ class CallGuard:
     """
 
     __slots__ = ("deadline", "conn", "fence", "_running", "_injected", "_injecting", "done",
-                 "fired", "tasks")
+                 "fired", "tasks", "handoffs")
 
     def __init__(self, timeout_s: float, conn: sqlite3.Connection | None, fence=None) -> None:
         self.deadline = time.monotonic() + timeout_s
@@ -95,6 +93,7 @@ class CallGuard:
         self.done = False
         self.fired = False
         self.tasks: list = []  # asyncio tasks that env code created during the call
+        self.handoffs = 0  # pieces of its code running on a thread pool now (the fence stays)
 
     def enter(self) -> None:
         """The current thread starts running this call's env code.
@@ -243,7 +242,7 @@ class Tracked(collections.abc.Coroutine):
             self._coro.close()
             raise CallTimeout("a task spawned by env code outlived its call")
         fence = guard.fence  # lifted before enter: no CallTimeout can land in between
-        lifted = fence is not None and fence.open_for_step()
+        lifted = fence is not None and fence.lift(guard)
         try:
             guard.enter()
             return method(*args)
@@ -254,7 +253,7 @@ class Tracked(collections.abc.Coroutine):
                 guard.exit()
             finally:
                 if lifted:
-                    fence.close()
+                    fence.end_lift()
 
     def close(self):
         self._coro.close()
@@ -323,18 +322,6 @@ def host_code() -> Iterator[None]:
         _current.reset(token)
         if guard is not None:
             _env_threads[tid] = guard
-
-
-def host_finalizer(obj: object, func: Callable[..., Any], *args: Any) -> weakref.finalize:
-    """``weakref.finalize(obj, func, *args)`` whose ``func`` runs as host code: the cyclic
-    collector runs finalizers in whichever thread allocates, env code included, where the
-    process-wide refusals would stop a worker's reaper from killing it (and leak its pipes)."""
-    return weakref.finalize(obj, _as_host, func, *args)
-
-
-def _as_host(func: Callable[..., Any], *args: Any) -> Any:
-    with host_code():
-        return func(*args)
 
 
 def track_tasks(loop) -> None:

@@ -125,11 +125,17 @@ class Fence:
     SQLite calls it before any ``sqlite3_step`` returns a row or finishes, and a non-zero
     answer interrupts the statement (its writes rolled back). That is a Python call every few
     VM instructions (a 1,000-row scan: 3,000), so while the only call in flight in the process
-    runs a step of its own code the handler is lifted (``open_for_step``) and put back right
-    after: no other env code can run then. This replaces expiring every cached statement after
-    each call (each call then re-prepared all its SQL: ~100-200 us), and also covers what that
-    did not: a cursor halfway through its rows, and code that runs as host code (a loop
-    callback in an empty ``contextvars.Context``).
+    runs a step of its own code the handler is lifted (``lift``) and put back right after
+    (``end_lift``): no other env code can run then. This replaces expiring every cached
+    statement after each call (each call then re-prepared all its SQL: ~100-200 us), and also
+    covers what that did not: a cursor halfway through its rows, and code that runs as host
+    code (a loop callback in an empty ``contextvars.Context``).
+
+    Only the thread that lifted a fence puts it back, and only while no other thread can be
+    inside SQLite on that connection: ``set_progress_handler`` takes the connection's mutex
+    with the GIL held, so called while another thread steps (and needs the GIL for a callback)
+    it deadlocks. A call that starts meanwhile waits for the lifted step to end (``_Calls``);
+    a call that hands work to a thread puts its fence back first (``_confine``'s anyio patch).
     """
 
     __slots__ = ("__weakref__", "_conn", "_host")
@@ -137,7 +143,7 @@ class Fence:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = weakref.ref(conn)
         self._host = False
-        self.close()
+        self._handler(self)  # a new connection: no other thread has it yet
 
     def __call__(self) -> int:
         guard = _guard.active_guard()
@@ -153,19 +159,29 @@ class Fence:
             except sqlite3.ProgrammingError:
                 pass  # closed: an instance's failed call or reset replaced it
 
-    def close(self) -> None:
-        self._handler(self)
-
-    def open_for_step(self) -> bool:
-        """Lift the fence for one step of this connection's call if it is the only call in
-        flight; True if lifted (then ``close`` after the step)."""
-        if _calls.solo is not self:
+    def lift(self, guard) -> bool:
+        """Lift the fence for one step of ``guard``'s call, if it is the only call in flight
+        and none of its work is on another thread; True if lifted (``end_lift`` after)."""
+        calls = _calls
+        if calls.solo is not self or guard.handoffs or not calls.lift_lock.acquire(False):
             return False
+        if calls.solo is not self:  # another call started between the check and the lock
+            calls.lift_lock.release()
+            return False
+        calls.lifted, calls.lifter = self, threading.get_ident()
+        calls.lifts += 1
         self._handler(None)
-        if _calls.solo is not self:  # another call started meanwhile, in another thread
-            self.close()
-            return False
         return True
+
+    def end_lift(self) -> None:
+        """Put the fence back if this thread lifted it (a no-op otherwise)."""
+        calls = _calls
+        if calls.lifted is self and calls.lifter == threading.get_ident():
+            try:
+                self._handler(self)
+            finally:
+                calls.lifted = calls.lifter = None
+                calls.lift_lock.release()
 
     @contextmanager
     def host(self) -> Iterator[None]:
@@ -186,17 +202,29 @@ class _Calls:
         self.solo: Fence | None = None
         #: Set once a call timed out: its code may still run somewhere, so no fence is lifted.
         self.stale = False
+        #: Held while a fence is lifted, by the thread that lifted it.
+        self.lift_lock = threading.Lock()
+        self.lifted: Fence | None = None
+        self.lifter: int | None = None
+        #: False turns lifting off (benchmarks compare the two).
+        self.lift_enabled = True
+        self.lifts = 0  # steps run unfenced, for tests and benchmarks
 
     def started(self, fence: Fence) -> None:
         with self._lock:
             self._in_flight += 1
-            previous = self.solo
-            # Never lifted for now: closing a lifted fence from another thread's call
-            # (set_progress_handler while that connection steps, the GIL held) deadlocked the
-            # synth pipeline; until the lift is made safe, every step runs fenced.
-            self.solo = None
-        if previous is not None and previous is not fence:
-            previous.close()  # it now runs alongside another call
+            alone = self._in_flight == 1 and not self.stale and self.lift_enabled
+            self.solo = fence if alone else None
+        if alone:
+            return
+        lifted = self.lifted
+        if lifted is not None and self.lifter == threading.get_ident():
+            lifted.end_lift()
+        else:
+            # Another call's step may be running unfenced on another thread: wait for it to
+            # end (it puts its fence back itself); solo is None now, so it is not lifted again.
+            with self.lift_lock:
+                pass
 
     def ended(self, fence: Fence) -> None:
         with self._lock:
