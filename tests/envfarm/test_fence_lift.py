@@ -70,12 +70,28 @@ def _lifts() -> int:
     return _sqlite_guard._calls.lifts
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_state(monkeypatch):
+    """An earlier test's timed-out call turned lifting off for this process for good."""
+    monkeypatch.setattr(_sqlite_guard._calls, "stale", False)
+
+
 def test_a_call_alone_in_the_process_runs_unfenced_and_the_fence_is_back_after(runtime):
     inst = runtime.instance()
     before = _lifts()
     assert inst.call_sync("scan_async", {"k": 3000}).result == {"n": 3000}
     assert _lifts() > before, "the only call in flight was never lifted"
     assert _sqlite_guard._calls.lifted is None and not _sqlite_guard._calls.lift_lock.locked()
+
+
+def test_once_a_call_timed_out_nothing_is_lifted_again(runtime):
+    inst = runtime.instance()
+    slow = EnvRuntime(runtime.bundle, call_timeout_s=0.2).instance()
+    res = slow.call_sync("scan_sync", {"k": 5_000_000})
+    assert not res.ok and "timed out" in res.error.message, res
+    before = _lifts()
+    assert inst.call_sync("scan_async", {"k": 3000}).ok
+    assert _lifts() == before, "lifted after a call's code may have outlived it"
 
 
 async def test_two_calls_in_flight_run_fenced(runtime):
