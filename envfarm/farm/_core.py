@@ -16,14 +16,11 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from envfarm.catalog import Catalog, catalog_fingerprint, load_catalog, normalize_name
 from envfarm.errors import (
     ConfigError,
-    ConfinementUnavailable,
     EnvfarmError,
     EnvLoadError,
     EnvNotFound,
@@ -34,17 +31,18 @@ from envfarm.errors import (
     TaskNotFound,
 )
 from envfarm.farm._capability import mcp_path
-from envfarm.farm._config import FarmConfig
+from envfarm.farm._config import FarmConfig, isolation_of
+from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
-from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
+from envfarm.farm._served import LocalEnv, ServedEnv
 from envfarm.farm._status import ReplicaStatus
-from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
+from envfarm.farm._tenants import TenantCollector, Tenants
+from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
-from envfarm.verdict import EpisodeContext, EpisodeVerifier, Outcome, Verdict
 from envfarm.wire import (
     BatchError,
     BatchItem,
@@ -67,42 +65,12 @@ from envfarm.worker import (
     SpareWorkers,
     WorkerEnv,
     WorkerLost,
-    WorkerOptions,
     WorkerStartError,
 )
 
 log = logging.getLogger("envfarm.farm")
 
 _KEPT_ENV_ERRORS = 10
-
-#: Makes the farm's verifier on the first verification (a verifier may start processes).
-VerifierFactory = Callable[[], EpisodeVerifier]
-
-
-@dataclass(eq=False)
-class LeaseRecord:
-    """The farm's record of one lease (the SDK's handle on it is ``envfarm.client.Lease``)."""
-
-    lease_id: str
-    env: str
-    token: str
-    instance: InstanceHandle
-    task_idx: int | None
-    expires_at: float
-    idle_timeout_s: float
-    idempotency_key: str | None = None
-    tenant: str = ANONYMOUS
-    last_used: float = field(default_factory=time.monotonic)
-    #: requests refused for a missing or wrong credential, and requests its agent got through
-    #: (MCP, tools, calls): a lease with only the first never connected (see ``verify``)
-    refused: int = 0
-    agent_requests: int = 0
-    #: env-side failures of tool calls since the episode began (lease or last reset)
-    env_errors: list[str] = field(default_factory=list)
-
-    def touch(self) -> None:
-        self.last_used = time.monotonic()
-
 
 class FarmCore:
     """Envs, pools and leases of one process (or one Serve replica)."""
@@ -124,7 +92,7 @@ class FarmCore:
             raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
         self.catalog = catalog or load_catalog(config.catalog, check_code=False)
         self.problems: list[str] = []
-        self.isolation, self._workers = _isolation(config)
+        self.isolation, self._workers = isolation_of(config)
         #: The loaded envs (all served envs, unless types load on demand: see ``registry``).
         self.envs: dict[str, ServedEnv] = {}
         self._runtimes = runtimes or {}
@@ -175,7 +143,7 @@ class FarmCore:
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
-        self.verifier = _LazyVerifier(verifier)
+        self.verifier = LazyVerifier(verifier)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
@@ -552,35 +520,8 @@ class FarmCore:
             raise self._lost(lease, exc.reason) from None
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
-        task_idx = req.task_idx if req.task_idx is not None else lease.task_idx
-        bundle = self.catalog[lease.env]
-        if task_idx is None:
-            raise TaskNotFound(f"lease {lease.lease_id} is bound to no task; pass task_idx",
-                               lease_id=lease.lease_id)
-        if task_idx >= len(bundle.tasks):
-            raise TaskNotFound(f"env {lease.env!r} has {len(bundle.tasks)} tasks; no task_idx "
-                               f"{task_idx}", env=lease.env, task_idx=task_idx)
-        never = never_connected(lease)
-        if never is not None:
-            verdict = never
-        elif lease.env_errors:
-            # The env failed the agent during this episode: no verdict on the agent (the
-            # judge's rule 6), whatever the databases say.
-            verdict = Verdict.of(Outcome.environment_error,
-                                 f"env_error during the episode: {lease.env_errors[0]}",
-                                 error_kind="env_error",
-                                 details={"env_errors": list(lease.env_errors)})
-        else:
-            initial, final = lease.instance.initial_snapshot(), await self.snapshot(lease)
-            verifier = bundle.code_verifiers.get(task_idx)
-            sql = bundle.verifiers.get(task_idx)  # what an llm-path judge reads instead
-            context = EpisodeContext(
-                task=bundle.tasks[task_idx], task_idx=task_idx, scenario=lease.env,
-                trajectory=req.trajectory, sql_code=sql.code if sql else None,
-                sql_raw_response=sql.raw_response if sql else None)
-            verdict = await (await self.verifier.get()).verify(
-                verifier.code if verifier else None, initial, final,
-                final_answer=req.final_answer, context=context)
+        task_idx, verdict = await episode_verdict(
+            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier)
         lease.touch()
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
@@ -599,71 +540,3 @@ class FarmCore:
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 
-
-def never_connected(lease: LeaseRecord) -> Verdict | None:
-    """An invalid verdict for a lease whose only traffic was refused (no or wrong credential):
-    its agent never reached the env (a client that hid a 401), which says nothing about it."""
-    if not lease.refused or lease.agent_requests:
-        return None
-    return Verdict.of(Outcome.invalid, f"the lease's agent never connected: all {lease.refused} "
-                      "of its requests were refused (missing or wrong credential)",
-                      error_kind="unauthorized", details={"refused_requests": lease.refused})
-
-
-class _NoVerifier:
-    """The verifier of a farm composed without one: every verification is invalid."""
-
-    async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
-                     final_answer: str | None = None,
-                     context: EpisodeContext | None = None) -> Verdict:
-        return Verdict.of(Outcome.invalid, "verifier_error: this farm was started without a "
-                          "verifier", error_kind="verifier_error")
-
-    async def aclose(self) -> None:
-        return None
-
-
-class _LazyVerifier:
-    """Makes the verifier on the first verification, not at farm start-up (it may start
-    worker processes, and most replicas of a busy farm never verify)."""
-
-    def __init__(self, factory: VerifierFactory | None) -> None:
-        self._factory = factory
-        self._verifier: EpisodeVerifier | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self) -> EpisodeVerifier:
-        async with self._lock:
-            if self._verifier is None:
-                self._verifier = (await asyncio.to_thread(self._factory) if self._factory
-                                  else _NoVerifier())
-            return self._verifier
-
-    async def aclose(self) -> None:
-        if self._verifier is not None:
-            await self._verifier.aclose()
-            self._verifier = None
-
-
-def _isolation(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
-    """How this farm runs env code: a description (health, status page) and worker options
-    (None: in this process). Refuses workers the kernel cannot confine, unless allowed."""
-    if config.isolation == "in_process":
-        return "in-process (trusted catalog: env code runs in the serving process)", None
-    from envfarm import jail
-
-    support = jail.support()
-    confined = support.ok
-    if not confined and not config.allow_unconfined:
-        raise ConfinementUnavailable(
-            f"this kernel cannot confine env workers ({support.describe()}); refusing to run "
-            "generated code. Start with --allow-unconfined for a catalog you trust, or "
-            "--in-process to run it in the serving process", reason=support.describe())
-    options = WorkerOptions(leases_per_worker=config.leases_per_worker,
-                            call_timeout_s=config.call_timeout_s,
-                            memory_mb=config.worker_memory_mb, jail=confined,
-                            probe_module_state=config.check_module_state,
-                            stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
-    if confined:
-        return f"workers, confined ({support.describe()})", options
-    return f"workers, UNCONFINED (--allow-unconfined; {support.describe()})", options
