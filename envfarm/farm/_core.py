@@ -1,28 +1,24 @@
 """The farm's state machine, shared by the ``--no-ray`` process and every Serve replica.
 
-``FarmCore`` owns the compiled envs of one process, their instance pools, the leases handed out
-from them, and the reaper. HTTP, MCP, the batched path and Serve handles all go through it.
-Lease ids start with the owner tag of the process that made them (``<owner>-<random>``): a
-request that reaches another owner means the owner is gone, and gets 410, never a fresh state.
+``FarmCore`` owns the envs of one process (``EnvLoader`` loads them), their instance pools, the
+leases handed out from them, and the reaper (``_verify`` decides what a verification returns).
+HTTP, MCP, the batched path and Serve handles all go through it. Lease ids start with the owner
+tag of the process that made them (``<owner>-<random>``): a request that reaches another owner
+means the owner is gone, and gets 410, never a fresh state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
-import logging
 import os
 import secrets
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
-from envfarm.catalog import Catalog, catalog_fingerprint, load_catalog, normalize_name
+from envfarm.catalog import Catalog, load_catalog, normalize_name
 from envfarm.errors import (
-    ConfigError,
     EnvfarmError,
-    EnvLoadError,
     EnvNotFound,
     LeaseForbidden,
     LeaseGone,
@@ -31,12 +27,13 @@ from envfarm.errors import (
     TaskNotFound,
 )
 from envfarm.farm._capability import mcp_path
-from envfarm.farm._config import FarmConfig, isolation_of
+from envfarm.farm._config import FarmConfig
 from envfarm.farm._lease import LeaseRecord
+from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
-from envfarm.farm._served import LocalEnv, ServedEnv
+from envfarm.farm._served import ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import TenantCollector, Tenants
 from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
@@ -61,22 +58,13 @@ from envfarm.wire import (
     new_owner_tag,
     owner_of,
 )
-from envfarm.worker import (
-    SpareWorkers,
-    WorkerEnv,
-    WorkerLost,
-    WorkerStartError,
-)
-
-log = logging.getLogger("envfarm.farm")
+from envfarm.worker import WorkerLost
 
 _KEPT_ENV_ERRORS = 10
 
+
 class FarmCore:
     """Envs, pools and leases of one process (or one Serve replica)."""
-
-    #: How often a broken type's request may stat the catalog files for a change.
-    catalog_stat_every_s = 2.0
 
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
@@ -92,54 +80,21 @@ class FarmCore:
             raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
         self.catalog = catalog or load_catalog(config.catalog, check_code=False)
         self.problems: list[str] = []
-        self.isolation, self._workers = isolation_of(config)
+        self.loader = EnvLoader(config, self.catalog, runtimes or {})
+        self.isolation = self.loader.isolation
         #: The loaded envs (all served envs, unless types load on demand: see ``registry``).
-        self.envs: dict[str, ServedEnv] = {}
-        self._runtimes = runtimes or {}
-        #: code sha256 -> the module-state probe's verdict: a type loaded again (after an
-        #: eviction, or a clone under another name) skips the probe.
-        self._module_state: dict[str, list[str]] = {}
-        names = self._envs_to_serve()
-        on_demand = config.loads_on_demand(len(names))
-        spares = config.spare_workers if config.spare_workers is not None else 2 * on_demand
-        self._spares = (SpareWorkers(self._workers.worker_config(), spares,
-                                     stderr=self._workers.stderr)
-                        if self._workers is not None and spares else None)
-        hot = [normalize_name(n) for n in config.hot]
-        for name in hot:
-            if name not in names:
-                raise EnvNotFound(f"hot env {name!r} is not served here", env=name)
-        if on_demand and config.max_loaded_types is not None \
-                and len(hot) > config.max_loaded_types:
-            raise ConfigError(f"{len(hot)} hot types exceed the cap of "
-                              f"{config.max_loaded_types} loaded types (--max-loaded)")
-        #: the catalog files as read, at start and per type re-read since (a broken type is
-        #: re-read when they change); the files' state now is stat'ed at most every 2 s
-        self._catalog_read = catalog_fingerprint(self.catalog.root) if on_demand else ()
-        self._reread: dict[str, tuple] = {}
-        self._catalog_now = (time.monotonic(), self._catalog_read)
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(names))),
-                                thread_name_prefix="envfarm-load") as pool:
-            loading = {name: pool.submit(self._serve_env, name)
-                       for name in (hot if on_demand else names)}
-        for name, future in loading.items():
-            try:
-                self.envs[name] = future.result()
-            except EnvLoadError as exc:
-                if config.envs is not None or name in hot:
-                    self._close_envs_now()
-                    raise  # asked for by name: fail loudly
-                self.problems.append(f"{name}: {exc.message}")
-                log.warning("not serving %s: %s", name, exc.message)
+        self.envs: dict[str, ServedEnv] = self.loader.load_at_start(self.problems)
         #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas);
-        #: an on-demand type's are added when it loads (``_serve_env``)
+        #: an on-demand type's are added when it loads (``_cold_load``)
         self.tool_specs = {name: render_tools(served, config.tool_schemas)
                            for name, served in self.envs.items()}
+        on_demand = self.loader.on_demand
         self.registry = EnvRegistry(
-            [n for n in names if n in self.envs or on_demand], self._cold_load,
-            loaded=self.envs, on_demand=on_demand, hot=hot, evict_idle_s=config.evict_idle_s,
-            problems=self.problems, max_loaded=config.max_loaded_types,
-            retry_s=config.broken_retry_s, catalog_changed=self._catalog_changed)
+            [n for n in self.loader.names if n in self.envs or on_demand], self._cold_load,
+            loaded=self.envs, on_demand=on_demand, hot=self.loader.hot,
+            evict_idle_s=config.evict_idle_s, problems=self.problems,
+            max_loaded=config.max_loaded_types, retry_s=config.broken_retry_s,
+            catalog_changed=self.loader.catalog_changed)
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
@@ -151,71 +106,10 @@ class FarmCore:
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
-    def _serve_env(self, name: str) -> ServedEnv:
-        """Load one env (blocking: at start, or in a cold-start thread)."""
-        bundle, pool = self.catalog[name], self.config.pool_for(name)
-        if name in self._runtimes or self._workers is None:
-            runtime = self._runtimes.get(name) or EnvRuntime(
-                bundle, call_timeout_s=self.config.call_timeout_s)
-            return LocalEnv(runtime, pool)
-        code_hash = hashlib.sha256((bundle.code or "").encode()).hexdigest()
-        try:
-            served = WorkerEnv(bundle, self._workers, warm=pool.warm,
-                               max_instances=pool.max_instances,
-                               module_state=self._module_state.get(code_hash),
-                               spares=self._spares)
-        except WorkerStartError as exc:
-            raise EnvLoadError(str(exc), env=name) from None
-        self._module_state[code_hash] = served.module_state
-        return served
-
     def _cold_load(self, name: str) -> ServedEnv:
-        if name in self.registry.broken and self._catalog_changed(name):
-            self._reread_bundle(name)
-        served = self._serve_env(name)
+        served = self.loader.load(name, broken=name in self.registry.broken)
         self.tool_specs[name] = render_tools(served, self.config.tool_schemas)
         return served
-
-    def _catalog_changed(self, name: str) -> bool:
-        """Whether the catalog files changed since ``name``'s records were read (only broken
-        types ask; the files are stat'ed at most every ``catalog_stat_every_s``)."""
-        when, printed = self._catalog_now
-        if time.monotonic() - when >= self.catalog_stat_every_s:
-            printed = catalog_fingerprint(self.catalog.root)
-            self._catalog_now = (time.monotonic(), printed)
-        return printed != self._reread.get(name, self._catalog_read)
-
-    def _reread_bundle(self, name: str) -> None:
-        """Take a broken type's records from the catalog as it is now (in a cold-start thread;
-        the other types keep the catalog read at start)."""
-        # This version counts as read even if it fails: the next try waits for the backoff
-        # or another change (a catalog that stays unreadable is not re-read every request).
-        self._reread[name] = catalog_fingerprint(self.catalog.root)
-        try:
-            fresh = load_catalog(self.catalog.root, check_code=False, only={name})
-        except EnvfarmError as exc:
-            raise EnvLoadError(f"the changed catalog cannot be read: {exc.message}",
-                               env=name) from None
-        if name not in fresh or not fresh[name].servable:
-            raise EnvLoadError(f"env {name!r} has no code to serve in the changed catalog",
-                               env=name)
-        self.catalog.bundles[name] = fresh[name]
-
-    def _close_envs_now(self) -> None:
-        for served in self.envs.values():
-            if isinstance(served, WorkerEnv):
-                served.kill_all("farm failed to start")
-        if self._spares is not None:
-            self._spares.close()
-
-    def _envs_to_serve(self) -> list[str]:
-        if self.config.envs is None:
-            return self.catalog.servable
-        names = [normalize_name(n) for n in self.config.envs]
-        for name in names:
-            if not self.catalog[name].servable:  # raises EnvNotFound for unknown names
-                raise EnvLoadError(f"env {name!r} has no code to serve", env=name)
-        return names
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -230,8 +124,7 @@ class FarmCore:
         for lease in list(self.leases.values()):
             self._close(lease, "farm shut down")
         await self.registry.aclose()
-        if self._spares is not None:
-            self._spares.close()
+        self.loader.close()
         await self.verifier.aclose()
 
     async def _reap_forever(self) -> None:
