@@ -6,9 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from synth._jsonl import JsonlStore, by_name, by_scenario, by_task
-from synth.config import FILES, SynthConfig
 from envfarm.llm import ChatResult, LLMClient
+from synth._jsonl import JsonlStore, by_name, by_scenario, by_task
+from synth._usage import count_call
+from synth.config import FILES, SynthConfig
 from synth.report import StageReport, report_key
 
 
@@ -23,10 +24,7 @@ class Meter:
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, res: ChatResult) -> None:
-        self.calls += 1
-        self.prompt_tokens += res.usage.prompt_tokens
-        self.completion_tokens += res.usage.completion_tokens
-        self.cost_usd += res.usage.cost_usd
+        count_call(self, res)
 
     def report(self, **fields: Any) -> StageReport:
         """A report record carrying this meter's numbers."""

@@ -8,10 +8,11 @@ from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound
 from envfarm.farm._app import build_app
 from envfarm.farm._capability import RedactCredentials, mcp_credential, redact_path
 from envfarm.farm._config import FarmConfig, LeasePolicy, PoolConfig
-from envfarm.farm._core import FarmCore, LeaseRecord, VerifierFactory
+from envfarm.farm._core import FarmCore
 from envfarm.farm._fastpath import read_body, scope_header
 from envfarm.farm._http import error_response, health_response, install_error_handlers
 from envfarm.farm._json_guard import JSONGuard
+from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
@@ -37,6 +38,7 @@ from envfarm.farm._tenants import (
     parse_keys,
     with_environ_tenants,
 )
+from envfarm.farm._verify import VerifierFactory
 from envfarm.wire import (
     BatchError,
     BatchItem,

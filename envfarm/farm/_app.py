@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.routing import Route
 
-from envfarm.farm._core import FarmCore, LeaseRecord
+from envfarm.farm._core import FarmCore
 from envfarm.farm._fastpath import FastCall
 from envfarm.farm._http import (
     BodyLimit,
@@ -23,6 +23,7 @@ from envfarm.farm._http import (
     install_error_handlers,
 )
 from envfarm.farm._json_guard import JSONGuard
+from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from envfarm.errors import ConfinementUnavailable
 from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
+from envfarm.worker import WorkerOptions
 
 #: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
 ON_DEMAND_ABOVE = 16
@@ -117,3 +120,27 @@ class FarmConfig(BaseModel):
     @classmethod
     def from_options(cls, **options: Any) -> FarmConfig:
         return cls.model_validate({k: v for k, v in options.items() if v is not None})
+
+
+def isolation_of(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
+    """How this farm runs env code: a description (health, status page) and worker options
+    (None: in this process). Refuses workers the kernel cannot confine, unless allowed."""
+    if config.isolation == "in_process":
+        return "in-process (trusted catalog: env code runs in the serving process)", None
+    from envfarm import jail
+
+    support = jail.support()
+    confined = support.ok
+    if not confined and not config.allow_unconfined:
+        raise ConfinementUnavailable(
+            f"this kernel cannot confine env workers ({support.describe()}); refusing to run "
+            "generated code. Start with --allow-unconfined for a catalog you trust, or "
+            "--in-process to run it in the serving process", reason=support.describe())
+    options = WorkerOptions(leases_per_worker=config.leases_per_worker,
+                            call_timeout_s=config.call_timeout_s,
+                            memory_mb=config.worker_memory_mb, jail=confined,
+                            probe_module_state=config.check_module_state,
+                            stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
+    if confined:
+        return f"workers, confined ({support.describe()})", options
+    return f"workers, UNCONFINED (--allow-unconfined; {support.describe()})", options

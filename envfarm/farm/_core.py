@@ -1,31 +1,24 @@
 """The farm's state machine, shared by the ``--no-ray`` process and every Serve replica.
 
-``FarmCore`` owns the compiled envs of one process, their instance pools, the leases handed out
-from them, and the reaper. HTTP, MCP, the batched path and Serve handles all go through it.
-Lease ids start with the owner tag of the process that made them (``<owner>-<random>``): a
-request that reaches another owner means the owner is gone, and gets 410, never a fresh state.
+``FarmCore`` owns the envs of one process (``EnvLoader`` loads them), their instance pools, the
+leases handed out from them, and the reaper (``_verify`` decides what a verification returns).
+HTTP, MCP, the batched path and Serve handles all go through it. Lease ids start with the owner
+tag of the process that made them (``<owner>-<random>``): a request that reaches another owner
+means the owner is gone, and gets 410, never a fresh state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
-import logging
 import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
-from envfarm.catalog import Catalog, catalog_fingerprint, load_catalog, normalize_name
+from envfarm.catalog import Catalog, load_catalog, normalize_name
 from envfarm.errors import (
-    ConfigError,
-    ConfinementUnavailable,
     EnvfarmError,
-    EnvLoadError,
     EnvNotFound,
     LeaseForbidden,
     LeaseGone,
@@ -35,16 +28,18 @@ from envfarm.errors import (
 )
 from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
+from envfarm.farm._lease import LeaseRecord
+from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
-from envfarm.farm._served import InstanceHandle, LocalEnv, ServedEnv
+from envfarm.farm._served import ServedEnv
 from envfarm.farm._status import ReplicaStatus
-from envfarm.farm._tenants import ANONYMOUS, TenantCollector, Tenants
+from envfarm.farm._tenants import TenantCollector, Tenants
+from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
-from envfarm.verdict import EpisodeContext, EpisodeVerifier, Outcome, Verdict
 from envfarm.wire import (
     BatchError,
     BatchItem,
@@ -63,52 +58,13 @@ from envfarm.wire import (
     new_owner_tag,
     owner_of,
 )
-from envfarm.worker import (
-    SpareWorkers,
-    WorkerEnv,
-    WorkerLost,
-    WorkerOptions,
-    WorkerStartError,
-)
-
-log = logging.getLogger("envfarm.farm")
+from envfarm.worker import WorkerLost
 
 _KEPT_ENV_ERRORS = 10
-
-#: Makes the farm's verifier on the first verification (a verifier may start processes).
-VerifierFactory = Callable[[], EpisodeVerifier]
-
-
-@dataclass(eq=False)
-class LeaseRecord:
-    """The farm's record of one lease (the SDK's handle on it is ``envfarm.client.Lease``)."""
-
-    lease_id: str
-    env: str
-    token: str
-    instance: InstanceHandle
-    task_idx: int | None
-    expires_at: float
-    idle_timeout_s: float
-    idempotency_key: str | None = None
-    tenant: str = ANONYMOUS
-    last_used: float = field(default_factory=time.monotonic)
-    #: requests refused for a missing or wrong credential, and requests its agent got through
-    #: (MCP, tools, calls): a lease with only the first never connected (see ``verify``)
-    refused: int = 0
-    agent_requests: int = 0
-    #: env-side failures of tool calls since the episode began (lease or last reset)
-    env_errors: list[str] = field(default_factory=list)
-
-    def touch(self) -> None:
-        self.last_used = time.monotonic()
 
 
 class FarmCore:
     """Envs, pools and leases of one process (or one Serve replica)."""
-
-    #: How often a broken type's request may stat the catalog files for a change.
-    catalog_stat_every_s = 2.0
 
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
@@ -124,58 +80,25 @@ class FarmCore:
             raise ValueError(f"owner tag {self.owner!r} may not contain '-'")
         self.catalog = catalog or load_catalog(config.catalog, check_code=False)
         self.problems: list[str] = []
-        self.isolation, self._workers = _isolation(config)
+        self.loader = EnvLoader(config, self.catalog, runtimes or {})
+        self.isolation = self.loader.isolation
         #: The loaded envs (all served envs, unless types load on demand: see ``registry``).
-        self.envs: dict[str, ServedEnv] = {}
-        self._runtimes = runtimes or {}
-        #: code sha256 -> the module-state probe's verdict: a type loaded again (after an
-        #: eviction, or a clone under another name) skips the probe.
-        self._module_state: dict[str, list[str]] = {}
-        names = self._envs_to_serve()
-        on_demand = config.loads_on_demand(len(names))
-        spares = config.spare_workers if config.spare_workers is not None else 2 * on_demand
-        self._spares = (SpareWorkers(self._workers.worker_config(), spares,
-                                     stderr=self._workers.stderr)
-                        if self._workers is not None and spares else None)
-        hot = [normalize_name(n) for n in config.hot]
-        for name in hot:
-            if name not in names:
-                raise EnvNotFound(f"hot env {name!r} is not served here", env=name)
-        if on_demand and config.max_loaded_types is not None \
-                and len(hot) > config.max_loaded_types:
-            raise ConfigError(f"{len(hot)} hot types exceed the cap of "
-                              f"{config.max_loaded_types} loaded types (--max-loaded)")
-        #: the catalog files as read, at start and per type re-read since (a broken type is
-        #: re-read when they change); the files' state now is stat'ed at most every 2 s
-        self._catalog_read = catalog_fingerprint(self.catalog.root) if on_demand else ()
-        self._reread: dict[str, tuple] = {}
-        self._catalog_now = (time.monotonic(), self._catalog_read)
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(names))),
-                                thread_name_prefix="envfarm-load") as pool:
-            loading = {name: pool.submit(self._serve_env, name)
-                       for name in (hot if on_demand else names)}
-        for name, future in loading.items():
-            try:
-                self.envs[name] = future.result()
-            except EnvLoadError as exc:
-                if config.envs is not None or name in hot:
-                    self._close_envs_now()
-                    raise  # asked for by name: fail loudly
-                self.problems.append(f"{name}: {exc.message}")
-                log.warning("not serving %s: %s", name, exc.message)
+        self.envs: dict[str, ServedEnv] = self.loader.load_at_start(self.problems)
         #: the tools as MCP lists them, per env (HTTP lists the runtime's exact schemas);
-        #: an on-demand type's are added when it loads (``_serve_env``)
+        #: an on-demand type's are added when it loads (``_cold_load``)
         self.tool_specs = {name: render_tools(served, config.tool_schemas)
                            for name, served in self.envs.items()}
+        on_demand = self.loader.on_demand
         self.registry = EnvRegistry(
-            [n for n in names if n in self.envs or on_demand], self._cold_load,
-            loaded=self.envs, on_demand=on_demand, hot=hot, evict_idle_s=config.evict_idle_s,
-            problems=self.problems, max_loaded=config.max_loaded_types,
-            retry_s=config.broken_retry_s, catalog_changed=self._catalog_changed)
+            [n for n in self.loader.names if n in self.envs or on_demand], self._cold_load,
+            loaded=self.envs, on_demand=on_demand, hot=self.loader.hot,
+            evict_idle_s=config.evict_idle_s, problems=self.problems,
+            max_loaded=config.max_loaded_types, retry_s=config.broken_retry_s,
+            catalog_changed=self.loader.catalog_changed)
         self.leases: dict[str, LeaseRecord] = {}
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
-        self.verifier = _LazyVerifier(verifier)
+        self.verifier = LazyVerifier(verifier)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
@@ -183,71 +106,10 @@ class FarmCore:
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
-    def _serve_env(self, name: str) -> ServedEnv:
-        """Load one env (blocking: at start, or in a cold-start thread)."""
-        bundle, pool = self.catalog[name], self.config.pool_for(name)
-        if name in self._runtimes or self._workers is None:
-            runtime = self._runtimes.get(name) or EnvRuntime(
-                bundle, call_timeout_s=self.config.call_timeout_s)
-            return LocalEnv(runtime, pool)
-        code_hash = hashlib.sha256((bundle.code or "").encode()).hexdigest()
-        try:
-            served = WorkerEnv(bundle, self._workers, warm=pool.warm,
-                               max_instances=pool.max_instances,
-                               module_state=self._module_state.get(code_hash),
-                               spares=self._spares)
-        except WorkerStartError as exc:
-            raise EnvLoadError(str(exc), env=name) from None
-        self._module_state[code_hash] = served.module_state
-        return served
-
     def _cold_load(self, name: str) -> ServedEnv:
-        if name in self.registry.broken and self._catalog_changed(name):
-            self._reread_bundle(name)
-        served = self._serve_env(name)
+        served = self.loader.load(name, broken=name in self.registry.broken)
         self.tool_specs[name] = render_tools(served, self.config.tool_schemas)
         return served
-
-    def _catalog_changed(self, name: str) -> bool:
-        """Whether the catalog files changed since ``name``'s records were read (only broken
-        types ask; the files are stat'ed at most every ``catalog_stat_every_s``)."""
-        when, printed = self._catalog_now
-        if time.monotonic() - when >= self.catalog_stat_every_s:
-            printed = catalog_fingerprint(self.catalog.root)
-            self._catalog_now = (time.monotonic(), printed)
-        return printed != self._reread.get(name, self._catalog_read)
-
-    def _reread_bundle(self, name: str) -> None:
-        """Take a broken type's records from the catalog as it is now (in a cold-start thread;
-        the other types keep the catalog read at start)."""
-        # This version counts as read even if it fails: the next try waits for the backoff
-        # or another change (a catalog that stays unreadable is not re-read every request).
-        self._reread[name] = catalog_fingerprint(self.catalog.root)
-        try:
-            fresh = load_catalog(self.catalog.root, check_code=False, only={name})
-        except EnvfarmError as exc:
-            raise EnvLoadError(f"the changed catalog cannot be read: {exc.message}",
-                               env=name) from None
-        if name not in fresh or not fresh[name].servable:
-            raise EnvLoadError(f"env {name!r} has no code to serve in the changed catalog",
-                               env=name)
-        self.catalog.bundles[name] = fresh[name]
-
-    def _close_envs_now(self) -> None:
-        for served in self.envs.values():
-            if isinstance(served, WorkerEnv):
-                served.kill_all("farm failed to start")
-        if self._spares is not None:
-            self._spares.close()
-
-    def _envs_to_serve(self) -> list[str]:
-        if self.config.envs is None:
-            return self.catalog.servable
-        names = [normalize_name(n) for n in self.config.envs]
-        for name in names:
-            if not self.catalog[name].servable:  # raises EnvNotFound for unknown names
-                raise EnvLoadError(f"env {name!r} has no code to serve", env=name)
-        return names
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,8 +124,7 @@ class FarmCore:
         for lease in list(self.leases.values()):
             self._close(lease, "farm shut down")
         await self.registry.aclose()
-        if self._spares is not None:
-            self._spares.close()
+        self.loader.close()
         await self.verifier.aclose()
 
     async def _reap_forever(self) -> None:
@@ -552,35 +413,8 @@ class FarmCore:
             raise self._lost(lease, exc.reason) from None
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
-        task_idx = req.task_idx if req.task_idx is not None else lease.task_idx
-        bundle = self.catalog[lease.env]
-        if task_idx is None:
-            raise TaskNotFound(f"lease {lease.lease_id} is bound to no task; pass task_idx",
-                               lease_id=lease.lease_id)
-        if task_idx >= len(bundle.tasks):
-            raise TaskNotFound(f"env {lease.env!r} has {len(bundle.tasks)} tasks; no task_idx "
-                               f"{task_idx}", env=lease.env, task_idx=task_idx)
-        never = never_connected(lease)
-        if never is not None:
-            verdict = never
-        elif lease.env_errors:
-            # The env failed the agent during this episode: no verdict on the agent (the
-            # judge's rule 6), whatever the databases say.
-            verdict = Verdict.of(Outcome.environment_error,
-                                 f"env_error during the episode: {lease.env_errors[0]}",
-                                 error_kind="env_error",
-                                 details={"env_errors": list(lease.env_errors)})
-        else:
-            initial, final = lease.instance.initial_snapshot(), await self.snapshot(lease)
-            verifier = bundle.code_verifiers.get(task_idx)
-            sql = bundle.verifiers.get(task_idx)  # what an llm-path judge reads instead
-            context = EpisodeContext(
-                task=bundle.tasks[task_idx], task_idx=task_idx, scenario=lease.env,
-                trajectory=req.trajectory, sql_code=sql.code if sql else None,
-                sql_raw_response=sql.raw_response if sql else None)
-            verdict = await (await self.verifier.get()).verify(
-                verifier.code if verifier else None, initial, final,
-                final_answer=req.final_answer, context=context)
+        task_idx, verdict = await episode_verdict(
+            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier)
         lease.touch()
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
@@ -599,71 +433,3 @@ class FarmCore:
 
         return list(await asyncio.gather(*(one(i) for i in items)))
 
-
-def never_connected(lease: LeaseRecord) -> Verdict | None:
-    """An invalid verdict for a lease whose only traffic was refused (no or wrong credential):
-    its agent never reached the env (a client that hid a 401), which says nothing about it."""
-    if not lease.refused or lease.agent_requests:
-        return None
-    return Verdict.of(Outcome.invalid, f"the lease's agent never connected: all {lease.refused} "
-                      "of its requests were refused (missing or wrong credential)",
-                      error_kind="unauthorized", details={"refused_requests": lease.refused})
-
-
-class _NoVerifier:
-    """The verifier of a farm composed without one: every verification is invalid."""
-
-    async def verify(self, code: str | None, initial_db: bytes, final_db: bytes, *,
-                     final_answer: str | None = None,
-                     context: EpisodeContext | None = None) -> Verdict:
-        return Verdict.of(Outcome.invalid, "verifier_error: this farm was started without a "
-                          "verifier", error_kind="verifier_error")
-
-    async def aclose(self) -> None:
-        return None
-
-
-class _LazyVerifier:
-    """Makes the verifier on the first verification, not at farm start-up (it may start
-    worker processes, and most replicas of a busy farm never verify)."""
-
-    def __init__(self, factory: VerifierFactory | None) -> None:
-        self._factory = factory
-        self._verifier: EpisodeVerifier | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self) -> EpisodeVerifier:
-        async with self._lock:
-            if self._verifier is None:
-                self._verifier = (await asyncio.to_thread(self._factory) if self._factory
-                                  else _NoVerifier())
-            return self._verifier
-
-    async def aclose(self) -> None:
-        if self._verifier is not None:
-            await self._verifier.aclose()
-            self._verifier = None
-
-
-def _isolation(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
-    """How this farm runs env code: a description (health, status page) and worker options
-    (None: in this process). Refuses workers the kernel cannot confine, unless allowed."""
-    if config.isolation == "in_process":
-        return "in-process (trusted catalog: env code runs in the serving process)", None
-    from envfarm import jail
-
-    support = jail.support()
-    confined = support.ok
-    if not confined and not config.allow_unconfined:
-        raise ConfinementUnavailable(
-            f"this kernel cannot confine env workers ({support.describe()}); refusing to run "
-            "generated code. Start with --allow-unconfined for a catalog you trust, or "
-            "--in-process to run it in the serving process", reason=support.describe())
-    options = WorkerOptions(leases_per_worker=config.leases_per_worker,
-                            call_timeout_s=config.call_timeout_s,
-                            memory_mb=config.worker_memory_mb, jail=confined,
-                            probe_module_state=config.check_module_state,
-                            stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
-    if confined:
-        return f"workers, confined ({support.describe()})", options
-    return f"workers, UNCONFINED (--allow-unconfined; {support.describe()})", options

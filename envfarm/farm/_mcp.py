@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from envfarm.errors import EnvfarmError
 from envfarm.farm._capability import credential_matches
-from envfarm.farm._core import FarmCore, LeaseRecord
+from envfarm.farm._core import FarmCore
 from envfarm.farm._fastpath import (
     json_message,
     mcp_response,
@@ -34,6 +34,7 @@ from envfarm.farm._fastpath import (
     tool_answer,
 )
 from envfarm.farm._http import bearer, error_response
+from envfarm.farm._lease import LeaseRecord
 from envfarm.models import ToolSpec
 
 _LEASE_KEY = "envfarm.lease"

@@ -29,6 +29,16 @@ def chain_id(env: str, steps: list[Step]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def step_binding(edges: list[Edge], steps: list[Step]) -> Binding | None:
+    """A binding to the output of the latest step whose tool is the source of one of ``edges``
+    (the kept edges into a parameter): the value the user just saw. Both samplers bind this way."""
+    for idx in range(len(steps) - 1, -1, -1):
+        for e in edges:
+            if e.src == steps[idx].tool:
+                return Binding(kind="step", step=idx, field=e.field)
+    return None
+
+
 class ChainSampler:
     """Samples chains of one graph; ``coverage=False`` picks uniformly (for comparison)."""
 
@@ -58,21 +68,13 @@ class ChainSampler:
         for p in self.nodes[tool].params:
             if not p.required:
                 continue
-            binding = self._from_steps(tool, p.name, steps) or self._from_db_or_task(p.name)
+            binding = step_binding(self.incoming.get((tool, p.name), []), steps) or self._from_db_or_task(p.name)
             if binding is None:
                 return None
             out[p.name] = binding
         if steps and not any(b.kind == "step" for b in out.values()):
             return None
         return out
-
-    def _from_steps(self, tool: str, param: str, steps: list[Step]) -> Binding | None:
-        edges = self.incoming.get((tool, param), [])
-        for idx in range(len(steps) - 1, -1, -1):  # the latest producer: the value the user just saw
-            for e in edges:
-                if e.src == steps[idx].tool:
-                    return Binding(kind="step", step=idx, field=e.field)
-        return None
 
     def _from_db_or_task(self, param: str) -> Binding | None:
         if is_identifier(param):

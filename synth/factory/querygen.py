@@ -28,6 +28,7 @@ from pydantic import BeforeValidator, Field
 from envfarm.errors import LLMError
 from synth._answers import _Answer, parse_answer
 from synth._parse import ParseError
+from synth._usage import count_call
 from synth.factory.dbvalues import strict_id
 from synth.factory.execute import Executed
 
@@ -243,10 +244,7 @@ async def _ask(llm: Any, env: str, system: str, prompt: str, stage: str, parse: 
         except LLMError:
             stats.llm_errors += 1
             return LLM_ERROR
-        stats.calls += 1
-        stats.prompt_tokens += res.usage.prompt_tokens
-        stats.completion_tokens += res.usage.completion_tokens
-        stats.cost_usd += res.usage.cost_usd
+        count_call(stats, res)
         try:
             return parse(res.text)
         except ParseError as exc:

@@ -24,6 +24,7 @@ from typing import Any
 
 from envfarm.errors import LLMError
 from synth._parse import ParseError, extract_json
+from synth._usage import count_call
 from synth.factory.candidates import is_identifier
 from synth.factory.dbvalues import strict_id
 from synth.factory.model import Edge, Node
@@ -221,10 +222,7 @@ async def _ask(llm: Any, env: str, nodes: dict[str, Node], chunk: Chunk, prompt:
         except LLMError:
             stats.llm_errors += 1  # counted as such, not as malformed; the rest falls back
             return merged
-        stats.calls += 1
-        stats.prompt_tokens += res.usage.prompt_tokens
-        stats.completion_tokens += res.usage.completion_tokens
-        stats.cost_usd += res.usage.cost_usd
+        count_call(stats, res)
         try:
             found, problems = _read(res.text, nodes, chunk, stats)
             usable = usable or bool(found.rulings or found.added or found.kinds)

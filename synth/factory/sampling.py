@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 
-from synth.factory.chains import collect_chains
+from synth.factory.chains import collect_chains, step_binding
 from synth.factory.dbvalues import DbColumns, db_source, strict_id
 from synth.factory.model import Binding, Chain, Edge, Node, Step, ToolGraph
 from synth.factory.refine import regex_kind
@@ -63,14 +63,6 @@ class BackwardSampler:
     def _producer_edges(self, tool: str, param: str, exclude: set[str]) -> list[Edge]:
         return [e for e in self.incoming.get((tool, param), []) if e.src not in exclude]
 
-    def _from_chain(self, tool: str, param: str, steps: list[Step]) -> Binding | None:
-        edges = self.incoming.get((tool, param), [])
-        for idx in range(len(steps) - 1, -1, -1):  # the latest producer: the value the user just saw
-            for e in edges:
-                if e.src == steps[idx].tool:
-                    return Binding(kind="step", step=idx, field=e.field)
-        return None
-
     def _fallback(self, tool: str, param: str) -> Binding | None:
         """A parameter no tool in the chain produces: an id from the database (the user's own
         data), else a value the user states; None for a surrogate key the database lacks."""
@@ -92,13 +84,14 @@ class BackwardSampler:
                 self.resolve(rng.choice(before), steps, path | {tool}, rng, max_len)
             bindings: dict[str, Binding] = {}
             for p in required:
-                binding = self._from_chain(tool, p.name, steps)
+                edges = self.incoming.get((tool, p.name), [])
+                binding = step_binding(edges, steps)
                 producers = self._producer_edges(tool, p.name, path | {tool})
                 wanted = self.internal(tool, p.name) and binding is None
                 if producers and (wanted or rng.random() < self.p):
                     e = rng.choice(producers)
                     if self.resolve(e.src, steps, path | {tool}, rng, max_len):
-                        binding = self._from_chain(tool, p.name, steps) or binding
+                        binding = step_binding(edges, steps) or binding
                 binding = binding or self._fallback(tool, p.name)
                 if binding is None:
                     raise LookupError(p.name)

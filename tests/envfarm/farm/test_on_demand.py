@@ -229,7 +229,7 @@ async def test_a_broken_type_is_retried_after_its_backoff_and_when_the_catalog_c
     broken, fine = names[-1], names[0]
     core = _core(load_catalog(tmp_path, check_code=False), broken_retry_s=0.2,
                  isolation="in_process")
-    core.catalog_stat_every_s = 0.0
+    core.loader.catalog_stat_every_s = 0.0
     await core.start()
     try:
         with pytest.raises(EnvBroken) as first:

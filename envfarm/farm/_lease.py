@@ -1,0 +1,34 @@
+"""The farm's record of one lease: what the lease table holds and verification reads."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from envfarm.farm._served import InstanceHandle
+from envfarm.farm._tenants import ANONYMOUS
+
+
+@dataclass(eq=False)
+class LeaseRecord:
+    """The farm's record of one lease (the SDK's handle on it is ``envfarm.client.Lease``)."""
+
+    lease_id: str
+    env: str
+    token: str
+    instance: InstanceHandle
+    task_idx: int | None
+    expires_at: float
+    idle_timeout_s: float
+    idempotency_key: str | None = None
+    tenant: str = ANONYMOUS
+    last_used: float = field(default_factory=time.monotonic)
+    #: requests refused for a missing or wrong credential, and requests its agent got through
+    #: (MCP, tools, calls): a lease with only the first never connected (see ``_verify``)
+    refused: int = 0
+    agent_requests: int = 0
+    #: env-side failures of tool calls since the episode began (lease or last reset)
+    env_errors: list[str] = field(default_factory=list)
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
