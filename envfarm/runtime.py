@@ -54,6 +54,8 @@ class EnvRuntime:
         self.foreign_keys = foreign_keys
         #: Calls that timed out: their code may still run (a thread spinning in C, say).
         self.timeouts = 0
+        #: ``Instance._state_key`` of a fresh copy of the template (resets skip reading it).
+        self.template_state_key: tuple | None = None
         loaded: dict[str, Any] = {}
 
         def load(conn: sqlite3.Connection) -> None:
@@ -112,7 +114,13 @@ class Instance:
         self._slot = _binding.Slot(self.conn)
         #: Only this instance's own calls (and the host) run statements on its connection.
         self.fence = _sqlite_guard.Fence(self.conn)
-        self._saved: tuple[tuple, bytes] | None = (self._state_key(), data)
+        template = data is self.runtime.template.data
+        key = self.runtime.template_state_key if template else None
+        if key is None:
+            key = self._state_key()
+            if template:  # the same for every fresh copy: nothing written yet, same header
+                self.runtime.template_state_key = key
+        self._saved: tuple[tuple, bytes] | None = (key, data)
 
     def _state_key(self) -> tuple:
         """Changes whenever the database's bytes may have: rows written (``total_changes``

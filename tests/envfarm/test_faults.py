@@ -136,6 +136,20 @@ def test_a_failed_call_restores_the_latest_state_when_the_rollback_point_is_reus
     assert _titles(inst) == ["renamed", "todo", "first"]
 
 
+def test_a_reset_copy_reuses_the_template_bytes_as_its_rollback_point(pair):
+    """A fresh copy takes its state key from the runtime (read once), not from the database:
+    it must be the key the database gives, and a write after the reset must renew the point."""
+    inst, other = pair
+    assert inst.call_sync("create_note", {"title": "gone after reset"}).ok
+    inst.reset()
+    assert inst._saved[0] == inst._state_key() == other._state_key()
+    assert inst._rollback_point() is inst.runtime.template.data  # no copy taken
+    assert inst.call_sync("create_note", {"title": "after"}).ok
+    assert inst._rollback_point() is not inst.runtime.template.data
+    assert not inst.call_sync("create_then_fail", {"title": "partial"}).ok
+    assert "after" in _titles(inst) and "partial" not in _titles(inst)
+
+
 @pytest.mark.parametrize("sql", ["CREATE TABLE extra (a)", "PRAGMA user_version = 7",
                                  "PRAGMA application_id = 9", "DELETE FROM notes"])
 def test_the_rollback_point_is_renewed_after_any_change_to_the_database(pair, sql):
