@@ -16,7 +16,7 @@ from judge.core import (
     VerifierCode,
     code_only_verdict,
 )
-from judge.format_rules import FormatReport, FormatRule, check_format
+from judge.format_rules import FormatChecker, FormatReport, FormatRule, check_format
 from judge.llm_judge import AnswerParseError, LLMJudge, LLMVerdict, parse_answer
 from judge.sandbox import (
     SandboxConfig,
@@ -30,6 +30,7 @@ __all__ = [
     "REWARDS",
     "AnswerParseError",
     "Criteria",
+    "FormatChecker",
     "FormatReport",
     "FormatRule",
     "Judge",

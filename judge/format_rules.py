@@ -81,45 +81,63 @@ class _Violation(Exception):
 
 def check_format(trajectory: Trajectory) -> FormatReport:
     """Apply the six rules in order of the conversation; report the first violation."""
-    checker = _Checker(trajectory)
-    try:
-        checker.walk()
-    except _Violation as v:
-        return FormatReport(ok=False, rule=v.rule, step=checker.step, turn=checker.turn,
-                            message=v.message)
-    return FormatReport(ok=True)
+    checker = FormatChecker(trajectory.tools)
+    for msg in trajectory.messages:
+        checker.add(msg)
+    return checker.report()
 
 
-class _Checker:
-    def __init__(self, trajectory: Trajectory) -> None:
-        self.t = trajectory
-        self.step = 0
+class FormatChecker:
+    """``check_format`` a message at a time, for a trajectory that grows (a trainer checks after
+    every turn): ``add`` each new message, ``report`` whenever; each message is read once, so
+    a whole episode costs O(messages) where checking every prefix anew cost O(messages²)."""
+
+    def __init__(self, tools: list[ToolSchema] | None = None) -> None:
+        #: The trajectory's copy of the tools (schemas a list_tools answer may omit).
+        self.tools = tools
+        self.step = -1
         self.turn = -1
+        self.last_assistant: int | None = None
         self.listed: dict[str, ToolSchema] | None = None
         self.list_tools_calls = 0
         self.any_call = False
         self.successes = 0
         self.pending: list[ToolCall] = []
+        self.violation: FormatReport | None = None  # the first one; later messages are not read
 
-    def walk(self) -> None:
-        last_assistant = None
-        for i, msg in enumerate(self.t.messages):
-            self.step = i
+    def add(self, msg: Any) -> None:
+        if self.violation is not None:
+            return
+        self.step += 1
+        try:
             if msg.role == "assistant":
                 self.turn += 1
-                last_assistant = i
+                self.last_assistant = self.step
                 self._assistant(msg)
             elif msg.role == "tool":
                 self._tool(msg)
+        except _Violation as v:
+            self.violation = self._report(v, self.step)
+
+    def report(self) -> FormatReport:
+        """The first violation in the messages so far, or ok."""
+        if self.violation is not None:
+            return self.violation
+        end = self.last_assistant or 0
         if self.turn < 0:
-            raise _Violation(FormatRule.list_tools_first, "the agent never spoke")
+            return self._report(_Violation(FormatRule.list_tools_first, "the agent never spoke"),
+                                max(self.step, 0))
         if self.list_tools_calls == 0:
-            self.step = last_assistant or 0
-            raise _Violation(FormatRule.list_tools_first, "list_tools was never called")
+            return self._report(_Violation(FormatRule.list_tools_first,
+                                           "list_tools was never called"), end)
         if self.turn + 1 > 1 and self.successes == 0:
-            self.step = last_assistant or 0
-            raise _Violation(FormatRule.successful_call,
-                             f"{self.turn + 1} turns and no successful tool call")
+            return self._report(_Violation(FormatRule.successful_call,
+                                           f"{self.turn + 1} turns and no successful tool call"),
+                                end)
+        return FormatReport(ok=True)
+
+    def _report(self, v: _Violation, step: int) -> FormatReport:
+        return FormatReport(ok=False, rule=v.rule, step=step, turn=self.turn, message=v.message)
 
     def _assistant(self, msg: Any) -> None:
         turn = parse_turn(msg)
@@ -193,13 +211,13 @@ class _Checker:
             return
         if call.name == LIST_TOOLS:
             tools = listed_tools(payload) if ok else None
-            if tools is None and self.t.tools:
-                tools = self.t.tools
+            if tools is None and self.tools:
+                tools = self.tools
             # An empty list is a list: every call_tool after it names an unknown tool.
             self.listed = {tool.name: tool for tool in tools} if tools is not None else None
-            if self.listed and self.t.tools:
+            if self.listed and self.tools:
                 # list_tools' answer may omit schemas; the trajectory's copy has them
-                for schema in self.t.tools:
+                for schema in self.tools:
                     known = self.listed.get(schema.name)
                     if known is not None and not known.input_schema:
                         self.listed[schema.name] = schema

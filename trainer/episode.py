@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any
 
 from envfarm.client import EnvfarmError, Farm, Lease, LeaseLost
-from judge import FormatRule, Message, Outcome, ToolSchema, Trajectory, Verdict, check_format
+from judge import FormatChecker, FormatRule, Message, Outcome, ToolSchema, Trajectory, Verdict
 from judge.trajectory import LIST_TOOLS
 from trainer.format import TurnKind, parse_assistant, system_prompt, tool_content
 from trainer.policy import FINISH_LENGTH, Generation, Policy, PolicyError, TurnContext
@@ -123,6 +123,8 @@ class _Episode:
         self.farm, self.policy, self.env, self.task_idx, self.cfg = (farm, policy, env,
                                                                      task_idx, config)
         self.messages: list[Message] = []
+        #: The judge's format rules, fed each message as it is added (checked after each turn).
+        self.format = FormatChecker()
         self.turns: list[TurnRecord] = []
         self.tools: list[ToolSchema] = []
         self.task = ""
@@ -142,8 +144,8 @@ class _Episode:
                 if self.task_idx is None:
                     self.task_idx = lease.info.task_idx
                 self.task = lease.info.task or ""
-                self.messages = [Message(role="system", content=self.cfg.system),
-                                 Message(role="user", content=self.task)]
+                self._add(Message(role="system", content=self.cfg.system))
+                self._add(Message(role="user", content=self.task))
                 end = await self._turns(lease)
                 verdict = await self._judge(lease, end)
             except _End as stop:
@@ -172,6 +174,11 @@ class _Episode:
         finally:
             self.env_s += time.perf_counter() - t
 
+    def _add(self, msg: Message) -> None:
+        self.messages.append(msg)
+        self.format.tools = self.tools  # as a Trajectory built now would carry them
+        self.format.add(msg)
+
     def _trajectory(self) -> Trajectory:
         return Trajectory(task=self.task, messages=list(self.messages),
                           final_answer=self.final_answer, tools=self.tools, scenario=self.env,
@@ -189,14 +196,14 @@ class _Episode:
             finally:
                 self.policy_s += time.perf_counter() - t
             self.turns.append(TurnRecord(prompt=prompt, generation=gen))
-            self.messages.append(Message(role="assistant", content=gen.text))
+            self._add(Message(role="assistant", content=gen.text))
             if gen.finish_reason == FINISH_LENGTH or len(gen.text) > self.cfg.max_turn_chars:
                 raise _End(EndReason.too_long, f"turn {turn} hit the length limit "
                            f"({len(gen.text)} chars) without finishing")
             parsed = parse_assistant(gen.text)
             if parsed.kind is TurnKind.malformed:
                 raise _End(EndReason.format_error, f"turn {turn}: {parsed.problem}")
-            report = check_format(self._trajectory())
+            report = self.format.report()
             # "at least one successful call" is judged on the whole episode, not mid-way
             if not report.ok and report.rule is not FormatRule.successful_call:
                 raise _End(EndReason.format_error, report.message, report.to_verdict())
@@ -235,12 +242,12 @@ class _Episode:
                 content = tool_content(res.ok, res.result, err, res.status,
                                        max_chars=self.cfg.max_tool_chars)
                 if not res.ok and res.error and res.error.kind == "env_error":
-                    self.messages.append(Message(role="tool", content=content))
+                    self._add(Message(role="tool", content=content))
                     raise _End(EndReason.env_error, f"{name}: {res.error.message}")
-        self.messages.append(Message(role="tool", content=content))
+        self._add(Message(role="tool", content=content))
 
     async def _judge(self, lease: Lease, end: EndReason) -> Verdict:
-        report = check_format(self._trajectory())
+        report = self.format.report()
         verdict = report.to_verdict()
         if verdict is not None:  # e.g. rule 5 on the whole episode: no verify needed
             return verdict
