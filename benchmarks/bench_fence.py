@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envfarm import EnvRuntime, _sqlite_guard, load_catalog
 
-CATALOG = Path(__file__).resolve().parents[1] / "envfarm" / "catalog"
 CALLS = {
     "hotel_booking_1": [("get_my_profile", {}), ("search_hotels", {"city": "Lisbon"})],
 }
 
 
-async def _cpu_per_call(instances, tool: str, args: dict, calls: int) -> float:
+async def cpu_per_call(instances, tool: str, args: dict, calls: int) -> float:
+    """CPU µs per ``Instance.call``, the calls spread over ``instances`` in turn."""
     start = time.process_time()
     for i in range(calls):
         res = await instances[i % len(instances)].call(tool, args)
@@ -45,20 +45,20 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--out", type=Path, default=None)
     opts = ap.parse_args()
-    rt = EnvRuntime(load_catalog(CATALOG)[opts.env])
+    rt = EnvRuntime(load_catalog()[opts.env])
     instances = [rt.instance() for _ in range(32)]
     calls = _sqlite_guard._calls
     report: dict = {"env": opts.env, "runs": opts.runs, "calls": opts.calls,
                     "machine": f"{platform.node()} {os.cpu_count()} cpus",
                     "load": os.getloadavg()[0], "tools": {}}
     for tool, args in CALLS.get(opts.env, [(next(iter(rt.operations)), {})]):
-        asyncio.run(_cpu_per_call(instances, tool, args, 50))  # warm the statement caches
+        asyncio.run(cpu_per_call(instances, tool, args, 50))  # warm the statement caches
         runs: dict[str, list[float]] = {"lifted": [], "fenced": []}
         for _ in range(opts.runs):
             for mode in ("lifted", "fenced"):
                 calls.lift_enabled = mode == "lifted"
                 lifts = calls.lifts
-                runs[mode].append(asyncio.run(_cpu_per_call(instances, tool, args, opts.calls)))
+                runs[mode].append(asyncio.run(cpu_per_call(instances, tool, args, opts.calls)))
                 assert (calls.lifts > lifts) == (mode == "lifted")
         calls.lift_enabled = True
         med = {m: statistics.median(v) for m, v in runs.items()}

@@ -23,17 +23,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envfarm import EnvRuntime, load_catalog  # noqa: E402
-from envfarm.worker._env import WorkerEnv, WorkerOptions  # noqa: E402
+import psutil
 
-CATALOG = Path(__file__).resolve().parents[1] / "envfarm" / "catalog"
+from benchmarks.bench_fence import cpu_per_call
+from envfarm import EnvRuntime, load_catalog
+from envfarm.worker._env import WorkerEnv, WorkerOptions
+
 ENV, TOOL, INSTANCES = "hotel_booking_1", "get_my_profile", 32
-_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _proc_cpu(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TCK, int(fields[12]) / _TCK
+    times = psutil.Process(pid).cpu_times()
+    return times.user, times.system
 
 
 async def _through_worker(bundle, jail: bool, in_flight: int, calls: int) -> dict:
@@ -64,14 +65,10 @@ async def _through_worker(bundle, jail: bool, in_flight: int, calls: int) -> dic
 
 
 async def _in_process(bundle, calls: int) -> float:
-    rt = EnvRuntime(bundle)
-    insts = [rt.instance() for _ in range(INSTANCES)]
-    for i in range(100):
-        await insts[i % INSTANCES].call(TOOL, {})
-    t = time.process_time()
-    for i in range(calls):
-        assert (await insts[i % INSTANCES].call(TOOL, {})).ok
-    return (time.process_time() - t) / calls * 1e6
+    runtime = EnvRuntime(bundle)
+    insts = [runtime.instance() for _ in range(INSTANCES)]
+    await cpu_per_call(insts, TOOL, {}, 100)  # warm the statement caches
+    return await cpu_per_call(insts, TOOL, {}, calls)
 
 
 def main() -> None:
@@ -80,7 +77,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--out", type=Path, default=None)
     opts = ap.parse_args()
-    bundle = load_catalog(CATALOG)[ENV]
+    bundle = load_catalog()[ENV]
     runs: dict[str, list] = {}
     load0 = os.getloadavg()[0]
     for _ in range(opts.rounds):

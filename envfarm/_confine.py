@@ -73,8 +73,8 @@ def _patch_threads() -> None:
 
     threading.Thread.start = thread_start
     _patch(concurrent.futures.ThreadPoolExecutor, ["submit"], "hand work to a thread pool")
-    _patch_handoffs()
     _patch(concurrent.futures.ProcessPoolExecutor, ["submit"], "hand work to a process pool")
+    _patch_handoffs()
 
 
 def _patch_handoffs() -> None:

@@ -114,12 +114,12 @@ class Instance:
         self._slot = _binding.Slot(self.conn)
         #: Only this instance's own calls (and the host) run statements on its connection.
         self.fence = _sqlite_guard.Fence(self.conn)
-        template = data is self.runtime.template.data
-        key = self.runtime.template_state_key if template else None
-        if key is None:
+        if data is not self.runtime.template.data:
             key = self._state_key()
-            if template:  # the same for every fresh copy: nothing written yet, same header
-                self.runtime.template_state_key = key
+        else:  # the same for every fresh copy: nothing written yet, same header
+            if self.runtime.template_state_key is None:
+                self.runtime.template_state_key = self._state_key()
+            key = self.runtime.template_state_key
         self._saved: tuple[tuple, bytes] | None = (key, data)
 
     def _state_key(self) -> tuple:

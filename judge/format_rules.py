@@ -117,7 +117,7 @@ class FormatChecker:
             elif msg.role == "tool":
                 self._tool(msg)
         except _Violation as v:
-            self.violation = self._report(v, self.step)
+            self.violation = self._report(v.rule, v.message, self.step)
 
     def report(self) -> FormatReport:
         """The first violation in the messages so far, or ok."""
@@ -125,19 +125,17 @@ class FormatChecker:
             return self.violation
         end = self.last_assistant or 0
         if self.turn < 0:
-            return self._report(_Violation(FormatRule.list_tools_first, "the agent never spoke"),
+            return self._report(FormatRule.list_tools_first, "the agent never spoke",
                                 max(self.step, 0))
         if self.list_tools_calls == 0:
-            return self._report(_Violation(FormatRule.list_tools_first,
-                                           "list_tools was never called"), end)
+            return self._report(FormatRule.list_tools_first, "list_tools was never called", end)
         if self.turn + 1 > 1 and self.successes == 0:
-            return self._report(_Violation(FormatRule.successful_call,
-                                           f"{self.turn + 1} turns and no successful tool call"),
-                                end)
+            return self._report(FormatRule.successful_call,
+                                f"{self.turn + 1} turns and no successful tool call", end)
         return FormatReport(ok=True)
 
-    def _report(self, v: _Violation, step: int) -> FormatReport:
-        return FormatReport(ok=False, rule=v.rule, step=step, turn=self.turn, message=v.message)
+    def _report(self, rule: FormatRule, message: str, step: int) -> FormatReport:
+        return FormatReport(ok=False, rule=rule, step=step, turn=self.turn, message=message)
 
     def _assistant(self, msg: Any) -> None:
         turn = parse_turn(msg)

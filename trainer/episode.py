@@ -176,7 +176,6 @@ class _Episode:
 
     def _add(self, msg: Message) -> None:
         self.messages.append(msg)
-        self.format.tools = self.tools  # as a Trajectory built now would carry them
         self.format.add(msg)
 
     def _trajectory(self) -> Trajectory:
@@ -219,6 +218,7 @@ class _Episode:
             specs = await self._farm(lease.tools())
             self.tools = [ToolSchema(name=s.name, description=s.description,
                                      input_schema=s.input_schema) for s in specs]
+            self.format.tools = self.tools  # the trajectory's copy, as check_format sees it
             listing = ([compact_tool(t) for t in self.tools]
                        if self.cfg.tool_listing == "compact" else
                        [t.name for t in self.tools] if self.cfg.tool_listing == "names" else
