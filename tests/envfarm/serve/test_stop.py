@@ -115,8 +115,12 @@ def test_serve_stops_within_10_s_and_leaves_nothing(how, tmp_path):
         assert took <= 10, (took, output[-2000:])
         assert rc == 0, output[-2000:]
         assert "stopped" in output
-        # answered, or refused once the farm was gone; never cut off mid-request
-        assert set(outcomes) <= {"200", "201", "410", "503", "refused"}, outcomes
+        # answered, or refused once the farm was gone; never cut off mid-request, except by a
+        # Ctrl-C to the whole group: it reaches HAProxy too (Ray Serve starts it in the farm's
+        # process group), and HAProxy stops at once on SIGINT, cutting what it was relaying
+        # at that instant (CI saw 3 of 112). SIGTERM to the farm alone drains first.
+        cut = {"ReadError", "RemoteProtocolError"} if how.startswith("ctrl-c") else set()
+        assert set(outcomes) <= {"200", "201", "410", "503", "refused", *cut}, outcomes
         time.sleep(0.5)
         assert [pid for pid, p in family.items() if _alive(p)] == []
     finally:
