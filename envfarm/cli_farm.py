@@ -225,14 +225,14 @@ def _serve_ray(config: FarmConfig, pack: int, replicas: int, num_cpus: int | Non
                            deployment=DeploymentOptions(num_replicas=replicas,
                                                         access_log=access_log))
     # Ctrl-C and SIGTERM only set a flag: a KeyboardInterrupt raised at a random point of the
-    # driver could leave Ray's client half-way through a call. Ctrl-C's from before the start
-    # (one during it is acted on after it); SIGTERM's after it, as ray.init sets its own.
+    # driver could leave Ray's client half-way through a call. One during the start is acted on
+    # after it (start_farm keeps this SIGTERM handler through ray.init).
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     console.print("starting Ray and Serve ..." if address is None
                   else f"joining the Ray cluster at {address} ...")
     farm, watch = _start_serve(config, options, address)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ready = farm.instances_ready(config.pool.warm)
     console.print(f"envfarm listening on {farm.url} ({farm.proxy} ingress) — {len(farm.envs)} "
                   f"envs in {len(farm.plans)} deployments, {ready} instances ready "

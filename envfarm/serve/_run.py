@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import ray
+import ray._private.utils
 from ray import serve
 
 from envfarm.farm import FarmConfig
@@ -69,13 +73,14 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
     started_ray = False
     if not ray.is_initialized():
         if address is not None:
-            ray.init(address=address, log_to_driver=False)
+            _keeping_sigterm(lambda: ray.init(address=address, log_to_driver=False))
         else:
             use_ingress(options.proxy)  # the embedded Ray's processes inherit it
             os.environ.setdefault(ENV_DRAIN, LOCAL_DRAIN_S)
             # address="local": a new embedded cluster, never one another program left behind
-            ray.init(address="local", num_cpus=options.num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            _keeping_sigterm(lambda: ray.init(
+                address="local", num_cpus=options.num_cpus, include_dashboard=False,
+                log_to_driver=False, configure_logging=False))
         started_ray = True
     _check_cluster_ingress(options.proxy)
     serve.start(http_options={"host": options.host, "port": options.port},
@@ -85,6 +90,31 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
     return RunningFarm(url=f"http://{options.host}:{options.port}", plans=plans,
                        started_ray=started_ray, startup_s=time.perf_counter() - started,
                        envs=[e for p in plans for e in p.envs], proxy=options.proxy)
+
+
+def _keeping_sigterm(init: Callable[[], object]) -> None:
+    """Run ``init`` (a ``ray.init``) without losing the caller's own SIGTERM handler.
+
+    From the main thread ray.init replaces it with one that exits the driver at once
+    (``sys.exit(15)``): a SIGTERM while the farm was still starting then cut the start short
+    instead of stopping the farm in order. With a handler of the caller's, Ray's is not put in
+    (its one setter is skipped meanwhile: a ray.init from another thread, which also skips it,
+    hung Serve's start). Ray's core worker also puts a C-level crash reporter on SIGTERM,
+    which aborts the driver (exit -6) after a handler ran: putting the caller's handler back
+    with ``signal.signal`` once ray.init returns takes it off. With no handler of the caller's,
+    Ray's exit (and its shutdown at exit) is the right default."""
+    mine = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or not callable(mine):
+        init()
+        return
+    utils = ray._private.utils
+    setter = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        init()
+    finally:
+        utils.set_sigterm_handler = setter
+        signal.signal(signal.SIGTERM, mine)  # unconditionally: getsignal cannot see the C one
 
 
 @ray.remote(num_cpus=0)

@@ -50,6 +50,13 @@ def traffic(url: str, stop: threading.Event, outcomes: collections.Counter) -> N
                 time.sleep(0.1)
 
 
+def _title(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _alive(p: psutil.Process) -> bool:
     """Running and not a zombie (a process may end between the two questions)."""
     try:
@@ -129,4 +136,59 @@ def test_serve_stops_within_10_s_and_leaves_nothing(how, tmp_path):
             proc.wait()
         for p in family.values():  # only what this test started
             if p.is_running():
+                p.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["ray.init", "the deploy"])
+def test_sigterm_while_starting_stops_the_farm_in_order(after, tmp_path):
+    """An orchestrator may stop the farm before it is ready. ray.init puts in a SIGTERM handler
+    that exits the driver at once (exit code 15, a start cut short: CI caught it while Serve was
+    still deploying); the farm keeps its own, so the start finishes and the farm then stops in
+    order: exit 0, nothing left behind."""
+    if not _only_loopback():
+        pytest.skip("Ray tests run inside a private network namespace")
+    port = free_port()
+    out = tmp_path / "out"
+    with out.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", "2",
+             "--port", str(port)], cwd=REPO, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+    family: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                family.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                break
+            if after == "ray.init":  # Ray's processes are starting: ray.init is under way
+                if any("raylet" in p.name() or "gcs_server" in p.name() for p in family.values()):
+                    break
+            elif any(_title(p).startswith("ray::ServeController") for p in family.values()):
+                break  # Serve is up and deploying the farm's apps
+            time.sleep(0.1)
+        else:
+            pytest.fail("the start did not get under way: " + out.read_text()[-2000:])
+        assert "envfarm listening" not in out.read_text()  # still starting
+        os.kill(proc.pid, signal.SIGTERM)
+        while proc.poll() is None and time.monotonic() < deadline:
+            family.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+            time.sleep(0.2)
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running long after the SIGTERM:\n" + out.read_text()[-2000:])
+        output = out.read_text()
+        assert rc == 0, output[-2000:]
+        assert "stopped" in output, output[-2000:]
+        time.sleep(0.5)
+        assert [p.name() for p in family.values() if _alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in family.values():
+            if _alive(p):
                 p.kill()
