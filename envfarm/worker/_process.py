@@ -46,18 +46,8 @@ class WorkerStartError(Exception):
     """The worker did not start, or the env's code did not load in it."""
 
 
-class _Pipes:
-    """Who closes the channel's pipes: this module, until an event loop's transports take
-    them. Once attached, only the transports may: uvloop closes a pipe's fd a loop iteration
-    after ``transport.close()``, so closing its file object here first let libuv close the
-    same fd number again later, by then a client's socket or another worker's pipe (clients
-    saw their connections reset while types were evicted under traffic)."""
-
-    def __init__(self) -> None:
-        self.loop_owns = False
-
-
-def _end(proc: subprocess.Popen, pipes: _Pipes) -> None:
+def _end(proc: subprocess.Popen) -> None:
+    """Kill, reap, close the pipes (once: the front never hands them to a loop transport)."""
     if proc.poll() is None:
         try:
             os.kill(proc.pid, signal.SIGKILL)
@@ -67,13 +57,18 @@ def _end(proc: subprocess.Popen, pipes: _Pipes) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-    if pipes.loop_owns:
-        return
     for pipe in (proc.stdin, proc.stdout):
         try:
             pipe.close()
         except OSError:
             pass
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _exit_reason(code: int | None) -> str:
@@ -105,8 +100,7 @@ class WorkerProcess:
             close_fds=True, start_new_session=True, cwd="/").result()
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
-        self._pipes = _Pipes()
-        self._reaper = host_finalizer(self, _end, self.proc, self._pipes)
+        self._reaper = host_finalizer(self, _end, self.proc)
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
@@ -114,10 +108,16 @@ class WorkerProcess:
         #: Takes no new leases, and stops once its last lease is gone (a call timed out in it:
         #: that call's code may still be running there).
         self.draining = False
-        self._out = None  # asyncio transports, once attached
-        self._in = None
+        #: The loop watching the channel's pipes, once attached. Not asyncio's pipe transports:
+        #: uvloop's close a pipe's fd (libuv) and then the pipe object given them, the same fd
+        #: number twice; a descriptor another thread opened in between (a verifier's reply
+        #: pipe) was closed under it (verify read EBADF under load). The fds are this object's
+        #: alone, closed once, by ``_end``.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._frames_in = _frames.FrameReader()
+        self._unsent = bytearray()  # what the pipe did not take yet
+        self._watching_room = False  # the loop watches the pipe for room to write the rest
         self._batch: list[bytes] = []  # frames written at the end of this loop iteration
-        self._attaching: asyncio.Future | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._abandoned: dict[int, None] = {}  # ids whose caller went away, oldest first
         self._rids = itertools.count(1)
@@ -154,32 +154,31 @@ class WorkerProcess:
             return "stopped answering"
 
     async def attach(self) -> None:
-        """Hand the channel to the running loop (after ``start``); concurrent callers all wait
-        for the one attachment."""
-        if self._attaching is None:
-            self._attaching = asyncio.ensure_future(self._attach())
-        await asyncio.shield(self._attaching)
+        """Hand the channel to the running loop (after ``start``)."""
+        if self._loop is not None or self.lost is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            os.set_blocking(pipe.fileno(), False)
+        self._loop.add_reader(self.proc.stdout.fileno(), self._readable)
 
-    async def _attach(self) -> None:
-        loop = asyncio.get_running_loop()
-        reader = _frames.FrameReader()
-        worker = self
-
-        class Channel(asyncio.Protocol):
-            def data_received(self, data: bytes) -> None:
-                try:
-                    for body in reader.feed(data):
-                        worker._on_reply(*_frames.decode(body))
-                except _frames.FrameError as exc:
-                    worker.kill(f"broke the channel protocol ({exc})")
-
-            def connection_lost(self, exc) -> None:
-                worker._in = None  # closed by asyncio already
-                worker._on_eof()
-
-        self._pipes.loop_owns = True  # from here on, only the transports close the pipes
-        self._out, _ = await loop.connect_write_pipe(asyncio.Protocol, self.proc.stdin)
-        self._in, _ = await loop.connect_read_pipe(Channel, self.proc.stdout)
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.proc.stdout.fileno(), 1 << 18)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._on_eof()
+            return
+        try:
+            for body in self._frames_in.feed(data):
+                self._on_reply(*_frames.decode(body))
+                if self.lost is not None:
+                    return
+        except _frames.FrameError as exc:
+            self.kill(f"broke the channel protocol ({exc})")
 
     # -- requests ---------------------------------------------------------------------------
     def post(self, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -223,11 +222,34 @@ class WorkerProcess:
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
-        if self.lost is not None or self._out is None or not batch:
+        if self.lost is not None or self._loop is None or not batch:
             return
-        self._out.write(b"".join(batch))
-        if self._out.get_write_buffer_size() > MAX_PENDING_WRITE:
+        waiting = bool(self._unsent)
+        self._unsent += b"".join(batch)
+        if not waiting:
+            self._send()
+        if len(self._unsent) > MAX_PENDING_WRITE:
             self.kill("stopped reading its channel")
+
+    def _send(self) -> None:
+        """Write what the pipe takes; watch it for room while anything is left."""
+        if self.lost is not None or self._loop is None:
+            return
+        fd = self.proc.stdin.fileno()
+        try:
+            sent = os.write(fd, self._unsent)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # it closed its end: gone, and its stdout's EOF says why
+            self._on_eof()
+            return
+        del self._unsent[:sent]
+        if self._unsent and not self._watching_room:
+            self._loop.add_writer(fd, self._send)
+            self._watching_room = True
+        elif not self._unsent and self._watching_room:
+            self._loop.remove_writer(fd)
+            self._watching_room = False
 
     def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
         rid = header.get("id")
@@ -272,11 +294,20 @@ class WorkerProcess:
                 os.kill(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for transport in (self._out, self._in):
-            if transport is not None and not transport.is_closing():
-                transport.close()  # the process is dead: nothing buffered can be delivered
-        self._out = self._in = None
+        self._unsent.clear()  # the process is dead: nothing buffered can be delivered
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            if _running_loop() is not loop:  # a watched fd is unwatched by its loop's thread
+                loop.call_soon_threadsafe(self._unwatch_and_end, loop)
+                return
+            loop.remove_reader(self.proc.stdout.fileno())
+            loop.remove_writer(self.proc.stdin.fileno())
         self._reaper()  # waits for it, closes the pipes
+
+    def _unwatch_and_end(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.remove_reader(self.proc.stdout.fileno())
+        loop.remove_writer(self.proc.stdin.fileno())
+        self._reaper()
 
     def alive(self) -> bool:
         return self.lost is None and self.proc.poll() is None
