@@ -68,6 +68,9 @@ class FarmConfig(BaseModel):
     leases_per_worker: int = Field(default=64, ge=1, le=4096, description=(
         "Instances one env worker holds: a worker that crashes loses at most this many leases."))
     worker_memory_mb: int = Field(default=2048, ge=128, description="Address space per worker.")
+    worker_retire_idle_s: float = Field(default=30.0, ge=0, description=(
+        "An env worker that has held no lease this long stops, while the others keep the warm "
+        "free slots (leases come back in steps: stopping at once restarted workers each step)."))
     call_timeout_s: float = Field(default=10.0, gt=0, le=600, description=(
         "A tool call past this is an env_error; a worker silent 2 s past it is killed."))
     check_module_state: bool = Field(default=True, description=(
@@ -137,6 +140,7 @@ def isolation_of(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
             "generated code. Start with --allow-unconfined for a catalog you trust, or "
             "--in-process to run it in the serving process", reason=support.describe())
     options = WorkerOptions(leases_per_worker=config.leases_per_worker,
+                            retire_idle_s=config.worker_retire_idle_s,
                             call_timeout_s=config.call_timeout_s,
                             memory_mb=config.worker_memory_mb, jail=confined,
                             probe_module_state=config.check_module_state,

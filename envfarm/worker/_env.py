@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,11 @@ class WorkerOptions:
     """How env workers run (one set per farm process or Serve replica)."""
 
     leases_per_worker: int = 64
+    #: A worker that has held no lease this long stops (while the others keep ``warm`` free
+    #: slots). Not at once: leases come and go in steps (a GRPO step leases a batch and gives
+    #: it all back), and stopping a worker the next step starts again cost a worker's start
+    #: (~1 s of CPU) per step and type; around the warm threshold it churned on every release.
+    retire_idle_s: float = 30.0
     call_timeout_s: float = 10.0
     #: A worker that has not answered a call by call_timeout_s + this is killed.
     deadline_grace_s: float = 2.0
@@ -92,6 +98,7 @@ class WorkerEnv:
         self._ids = itertools.count(1)
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
+        self._retiring: asyncio.TimerHandle | None = None
 
     def _spawn(self, probe: bool = False) -> tuple[WorkerProcess, dict[str, Any], bytes]:
         worker = (self.spares.take() if self.spares is not None
@@ -156,6 +163,7 @@ class WorkerEnv:
                 continue
             worker.leases += 1  # the slot is taken before any await: no overbooking
             worker.placed += 1
+            worker.idle_since = None
             try:
                 await worker.attach()
                 inst = RemoteInstance(self, worker, next(self._ids))
@@ -207,14 +215,31 @@ class WorkerEnv:
             worker.post({"op": "drop", "inst": inst.inst})
         except WorkerLost:
             return
+        if worker.leases == 0:
+            worker.idle_since = time.monotonic()
         self._retire_idle()
 
     def _retire_idle(self) -> None:
-        """Stop workers that hold no lease while the others keep ``warm`` free slots."""
+        """Stop workers that have held no lease for ``retire_idle_s`` while the others keep
+        ``warm`` free slots; look again when the next idle one is due."""
+        self._retiring = None
+        now, due = time.monotonic(), None
         for worker in list(self._live()):
+            if worker.leases or worker.idle_since is None or len(self.workers) <= 1:
+                continue
             others = sum(self.capacity - w.leases for w in self._live() if w is not worker)
-            if worker.leases == 0 and len(self.workers) > 1 and others >= max(self.warm, 1):
+            if others < max(self.warm, 1):
+                continue
+            left = worker.idle_since + self.options.retire_idle_s - now
+            if left <= 0:
                 worker.kill("retired (idle)")  # holds no lease: nothing is lost
+            else:
+                due = left if due is None else min(due, left)
+        if due is not None:
+            try:
+                self._retiring = asyncio.get_running_loop().call_later(due, self._retire_idle)
+            except RuntimeError:  # no loop here: the next release looks again
+                pass
 
     # -- status and shutdown -----------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
@@ -229,6 +254,9 @@ class WorkerEnv:
         self.kill_all("farm shut down")
 
     def kill_all(self, reason: str) -> None:
+        if self._retiring is not None:
+            self._retiring.cancel()
+            self._retiring = None
         for worker in self.workers:
             worker.kill(reason)
         self.workers = []

@@ -105,6 +105,7 @@ class WorkerProcess:
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
         self.placed = 0  # instances placed here over its life
+        self.idle_since: float | None = time.monotonic()  # None while it holds a lease
         #: Takes no new leases, and stops once its last lease is gone (a call timed out in it:
         #: that call's code may still be running there).
         self.draining = False

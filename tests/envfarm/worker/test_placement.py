@@ -20,7 +20,8 @@ def bundle():
 
 
 async def test_concurrent_leases_never_overbook_a_worker(bundle):
-    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=4, probe_module_state=False), warm=2)
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=4, probe_module_state=False,
+                                          retire_idle_s=0), warm=2)
     try:
         insts = await asyncio.gather(*(env.acquire() for _ in range(10)))
         assert len({(i.worker.pid, i.inst) for i in insts}) == 10
@@ -110,6 +111,25 @@ async def test_frames_coalesced_in_one_loop_iteration_reach_their_own_callers(bu
             for k, res in enumerate(reads):
                 assert [n["title"] for n in res.result][2:] == [f"l{k}s{s}"
                                                                 for s in range(step + 1)]
+    finally:
+        await env.aclose()
+
+
+async def test_idle_workers_stop_after_retire_idle_s_not_at_each_release(bundle):
+    """Leases that come back in steps (a GRPO step leases a batch and returns it) around the
+    warm threshold restarted a worker on each step when idle ones stopped at once; they now
+    stop only after ``retire_idle_s`` without a lease, and warm capacity is kept."""
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=4, probe_module_state=False,
+                                          retire_idle_s=1.0), warm=2)
+    try:
+        for _ in range(4):  # four steps of 9 leases, all given back after each
+            insts = await asyncio.gather(*(env.acquire() for _ in range(9)))
+            for inst in insts:
+                env.release(inst)
+        assert env.started == len(env._live()) >= 3  # no worker stopped and started again
+        await asyncio.sleep(1.6)  # past retire_idle_s: the timer stops the spare ones
+        assert len(env._live()) == 1 and env.free_slots() >= 2
+        assert env.started == 3 or env.started == 4
     finally:
         await env.aclose()
 
