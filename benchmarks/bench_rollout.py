@@ -7,9 +7,12 @@ Paths, side by side in one run:
   serve_batched   the Serve farm over HTTP, GRPO groups leased with one `leases:batch` request
                   and concurrent episodes' tool calls coalesced into one owner-batch request
   serve_handles   the same, but calls and leases go over DeploymentHandles (in-cluster)
+  no_ray_bare, serve_bare
+                  the client doing only what AWM's baseline does: replay the calls, verify (no
+                  agent loop, policy or format checks), one lease per episode
   awm             AWM's way: one uvicorn process + SQLite file per instance, as many as fit,
                   reset by file copy, verifier exec'd in the client process
-Reports episodes/s, env calls/s (list_tools + tool calls + verify), farm requests/s, and the
+Reports episodes/s, the CPU seconds of the client and of the farm's (or AWM's) processes, env calls/s (list_tools + tool calls + verify), farm requests/s, and the
 share of episode time spent waiting on the farm. Raw JSON goes to benchmarks/results/.
 
 Starts Ray: run it inside a private network namespace, e.g.
@@ -80,6 +83,29 @@ async def rollouts(farm: Farm, policy: ScriptedPolicy, groups: list[tuple[str, i
     return [r for g in out for r in g], time.perf_counter() - t0
 
 
+async def bare_rollouts(farm: Farm, catalog: Any, groups: list[tuple[str, int]],
+                        concurrency: int) -> tuple[dict, float]:
+    """The same episodes with the client's work AWM's baseline does (``awm_rollouts``): replay
+    the reference calls and verify, no agent loop, policy or format checks; the farm's side
+    is unchanged (lease, tool list, calls, verify, release over HTTP)."""
+    sem = asyncio.Semaphore(max(1, concurrency))
+    stats = {"ok": 0, "calls": 0, "invalid": 0}
+
+    async def episode(env: str, idx: int) -> None:
+        async with sem, farm.lease(env, task_idx=idx) as lease:
+            await lease.tools()
+            for call in catalog[env].solutions[idx]:
+                await lease.call_result(call.tool, call.arguments)
+            verdict = await lease.verify(idx, "The task is done.")
+        stats["calls"] += len(catalog[env].solutions[idx]) + 2
+        stats["ok"] += (verdict.reward or 0) > 0
+        stats["invalid"] += not verdict.valid
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(episode(env, idx) for env, idx in groups for _ in range(GROUP)))
+    return stats, time.perf_counter() - t0
+
+
 def summarize(results: list[EpisodeResult], wall: float, **extra: Any) -> dict:
     env_calls = sum(r.env_calls for r in results)
     requests = env_calls + 2 * len(results)  # + lease + release
@@ -107,8 +133,33 @@ def run_mode(*args: Any, **kw: Any) -> dict:
                 "seconds": None}
 
 
+def tree_cpu(pid: int, skip_self: bool = False) -> dict[str, float]:
+    """CPU seconds (user + system) of ``pid`` and every process below it, by role (the root,
+    env workers, the verifier sandbox, the rest), and of the ended ones each role reaped (a
+    verifier's fresh child counts to the sandbox that waited on it)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out: dict[str, float] = defaultdict(float)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t, cmd = proc.cpu_times(), " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        role = ("root" if proc is root else "env workers" if "envfarm.worker" in cmd
+                else "verifier sandbox" if "_sandbox_worker" in cmd else "other")
+        own = 0.0 if (skip_self and proc is root) else t.user + t.system
+        out[role] += own
+        # processes that ended and were reaped: an env worker retired by the root counts here
+        out["ended, reaped by " + role] += t.children_user + t.children_system
+    return out
+
+
 def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, transport: str,
-             batched: bool, profile: bool = False, incluster: bool = False) -> dict:
+             batched: bool, profile: bool = False, incluster: bool = False,
+             bare: Any = None, farm_cpu: Any = None) -> dict:
+    """One run; ``bare``: the catalog, to drive the episodes as ``bare_rollouts`` does;
+    ``farm_cpu``: a function giving the farm's processes' CPU seconds so far."""
     async def go() -> dict:
         inner = (AiohttpTransport(url, max_connections=concurrency * 2) if transport == "aiohttp"
                  else HttpxTransport(url, max_connections=concurrency * 2))
@@ -120,20 +171,41 @@ def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, 
         elif batched:
             t = CoalescingTransport(inner)
         async with Farm(url, transport=t) as farm:
-            await rollouts(farm, policy, groups[:4], concurrency, batched)  # warm-up
+            # warm-up: one wave at full concurrency, so the farm has started the workers the
+            # load needs, as AWM's processes are all started before its run
+            wave = groups[:max(4, concurrency // GROUP)]
+            if bare is not None:
+                await bare_rollouts(farm, bare, wave, concurrency)
+            else:
+                await rollouts(farm, policy, wave, concurrency, batched)
             prof = cProfile.Profile() if profile else None
             if prof:
                 prof.enable()
-            cpu0 = time.process_time()
-            results, wall = await rollouts(farm, policy, groups, concurrency, batched)
+            cpu0, farm0 = time.process_time(), farm_cpu() if farm_cpu else {}
+            if bare is not None:
+                stats, wall = await bare_rollouts(farm, bare, groups, concurrency)
+            else:
+                results, wall = await rollouts(farm, policy, groups, concurrency, batched)
             cpu = time.process_time() - cpu0
             extra: dict[str, Any] = {"client_cpu_s": round(cpu, 2), "transport": transport,
                                      "concurrency": concurrency}
+            if farm_cpu:
+                farm1 = farm_cpu()
+                by_role = {k: round(v - farm0.get(k, 0.0), 2) for k, v in farm1.items()}
+                extra["farm_cpu_s"] = round(sum(by_role.values()), 2)
+                extra["farm_cpu_by_role_s"] = by_role
             if isinstance(t, CoalescingTransport) and t.batches:
                 extra["calls_per_batch"] = round(t.calls / t.batches, 1)
             if prof:
                 prof.disable()
                 extra["profile_top"] = top_functions(prof)
+            if bare is not None:
+                n = len(groups) * GROUP
+                return {"episodes": n, "seconds": round(wall, 2),
+                        "episodes_per_s": round(n / wall, 1),
+                        "env_calls_per_s": round(stats["calls"] / wall, 1),
+                        "success_rate": round(stats["ok"] / n, 4),
+                        "invalid": stats["invalid"], **extra}
             return summarize(results, wall, **extra)
 
     return asyncio.run(go())
@@ -258,7 +330,10 @@ def awm_baseline(catalog: Any, groups: list, per_env: int) -> dict:
     start_s = time.perf_counter() - t0
     try:
         pss = sum(psutil.Process(p.pid).memory_full_info().pss for p in procs)
+        cpu0, farm0 = time.process_time(), sum(sum(tree_cpu(p.pid).values()) for p in procs)
         res = asyncio.run(awm_rollouts(catalog, instances, groups, verifiers))
+        res["client_cpu_s"] = round(time.process_time() - cpu0, 2)
+        res["farm_cpu_s"] = round(sum(sum(tree_cpu(p.pid).values()) for p in procs) - farm0, 2)
     finally:
         for p in procs:
             p.terminate()
@@ -307,6 +382,8 @@ def main() -> None:
         "no_ray": dict(transport="aiohttp", batched=False),
         "no_ray_httpx": dict(transport="httpx", batched=False),
         "no_ray_batched": dict(transport="aiohttp", batched=True),
+        "no_ray_bare": dict(transport="aiohttp", batched=False, bare=catalog),
+        "serve_bare": dict(transport="aiohttp", batched=False, bare=catalog),
         "serve_http": dict(transport="aiohttp", batched=False),
         "serve_batched": dict(transport="aiohttp", batched=True),
         "serve_handles": dict(transport="aiohttp", batched=True, incluster=True),
@@ -319,6 +396,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for m in local:
                     runs[m].append(run_mode(url, policy, groups, args.concurrency,
+                                            farm_cpu=lambda: tree_cpu(proc.pid),
                                             **client_modes[m]))
                     print(m, runs[m][-1], flush=True)
             if args.profile:
@@ -341,8 +419,9 @@ def main() -> None:
         res["serve_startup_s"] = round(time.perf_counter() - t0, 1)
         try:
             for _ in range(args.rounds):
-                for m in served:
+                for m in served:  # Ray's processes are this one's children
                     runs[m].append(run_mode(farm.url, policy, groups, args.concurrency,
+                                            farm_cpu=lambda: tree_cpu(os.getpid(), True),
                                             **client_modes[m]))
                     print(m, runs[m][-1], flush=True)
         finally:
