@@ -9,13 +9,21 @@ bounds that (Serve's own shutdown first drains: in-flight requests are answered,
 503, see ``RunningFarm.shutdown``), then ends whatever process the farm started that is still
 alive (reparented away from us, an HAProxy left by a reload) by the handles taken while it
 ran. A terminal's Ctrl-C during start-up is kept and acted on once the start finishes.
+
+A process whose parent dies is handed to init, out of our sight: an HAProxy that Ray's proxy
+started while Serve was shutting down outlived the farm once its parent was gone (CI, a SIGTERM
+during the deploy). ``Descendants`` makes this process a child subreaper (``prctl``, no
+privileges needed), so such orphans come to it, stay in sight, and are reaped.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -42,15 +50,48 @@ def shielded_start(start: Callable[[], T]) -> T:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C meanwhile arrives now
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans() -> bool:
+    """Make this process the one that receives its descendants' orphans (Linux); whether it
+    worked."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class Descendants:
-    """Every process below this one seen so far (psutil handles: a reused pid is not ours)."""
+    """Every process below this one seen so far (psutil handles: a reused pid is not ours).
+    This process becomes a subreaper (see the module docstring): orphans stay below it."""
 
     def __init__(self) -> None:
         self.seen: dict[int, psutil.Process] = {}
+        self.adopting = adopt_orphans()
+        self._own: set[int] | None = None  # children it started itself (Popen reaps those)
 
     def look(self) -> None:
-        for proc in psutil.Process().children(recursive=True):
+        children = psutil.Process().children(recursive=True)
+        if self._own is None:
+            self._own = {p.pid for p in psutil.Process().children()}
+        for proc in children:
             self.seen.setdefault(proc.pid, proc)
+        self.reap_orphans()
+
+    def reap_orphans(self) -> None:
+        """Collect adopted orphans that ended (they would stay zombies of this process)."""
+        if not self.adopting:
+            return
+        for proc in psutil.Process().children():
+            if proc.pid in (self._own or ()):
+                continue
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(proc.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                continue
 
     def alive(self) -> list[psutil.Process]:
         out = []
@@ -101,4 +142,15 @@ def stop_within(shutdown: Callable[[], None], watch: Descendants, deadline_s: fl
     finished = done.wait(deadline_s)
     if not finished:
         log.warning("farm shutdown took over %.0f s; ending its processes", deadline_s)
-    return watch.end(grace_s=1.5), finished
+    # What the shutdown itself started (a late HAProxy reload) comes to this process as an
+    # orphan: end what is left until two looks in a row find nothing (at most ~3 s).
+    left: list[str] = []
+    quiet, until = 0, time.monotonic() + 3.0
+    while quiet < 2 and time.monotonic() < until:
+        watch.look()
+        ended = watch.end(grace_s=1.5)
+        left += ended
+        quiet = 0 if ended else quiet + 1
+        if quiet < 2:
+            time.sleep(0.15)
+    return left, finished

@@ -192,3 +192,30 @@ def test_sigterm_while_starting_stops_the_farm_in_order(after, tmp_path):
         for p in family.values():
             if _alive(p):
                 p.kill()
+
+
+_ORPHAN = """
+import subprocess, sys, time
+from envfarm.serve import Descendants
+watch = Descendants()
+assert watch.adopting, "prctl(PR_SET_CHILD_SUBREAPER) failed"
+sh = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True,
+                    text=True)
+orphan = int(sh.stdout)  # its parent (sh) has exited: an orphan, as a killed proxy's HAProxy
+watch.look()
+assert orphan in watch.seen, "the orphan went to init, out of sight"
+assert "sleep" in watch.end(grace_s=1.0)
+time.sleep(0.2)
+watch.look()  # reaps it
+print("ok")
+"""
+
+
+def test_orphans_of_the_farm_come_to_it_and_are_ended():
+    """A process whose parent dies (Ray's proxy actor, killed by the shutdown, leaves the
+    HAProxy it started) used to go to init and outlive the farm (CI: an HAProxy left after a
+    SIGTERM during the deploy). The stopping process is a subreaper: the orphan stays below it,
+    is seen and ended."""
+    run = subprocess.run([sys.executable, "-c", _ORPHAN], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
