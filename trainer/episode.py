@@ -222,7 +222,10 @@ class _Episode:
             listing = ([compact_tool(t) for t in self.tools]
                        if self.cfg.tool_listing == "compact" else
                        [t.name for t in self.tools] if self.cfg.tool_listing == "names" else
-                       [t.model_dump() for t in self.tools])
+                       # what model_dump() gives, without its deep copy of every schema
+                       # (~8 ms of client CPU per episode over 38 tools)
+                       [{"name": t.name, "description": t.description,
+                         "input_schema": t.input_schema} for t in self.tools])
             content = tool_content(True, listing, max_chars=1 << 30)  # never cut the list
         else:  # call_tool; check_format has vetted name and arguments
             name = call.arguments["tool_name"]
