@@ -73,18 +73,18 @@ class Descendants:
         self._own: set[int] | None = None  # children it started itself (Popen reaps those)
 
     def look(self) -> None:
-        children = psutil.Process().children(recursive=True)
-        if self._own is None:
-            self._own = {p.pid for p in psutil.Process().children()}
-        for proc in children:
+        me = psutil.Process()
+        for proc in me.children(recursive=True):
             self.seen.setdefault(proc.pid, proc)
-        self.reap_orphans()
+        direct = me.children()
+        if self._own is None:
+            self._own = {p.pid for p in direct}
+        if self.adopting:
+            self._reap_orphans(direct)
 
-    def reap_orphans(self) -> None:
+    def _reap_orphans(self, direct: list[psutil.Process]) -> None:
         """Collect adopted orphans that ended (they would stay zombies of this process)."""
-        if not self.adopting:
-            return
-        for proc in psutil.Process().children():
+        for proc in direct:
             if proc.pid in (self._own or ()):
                 continue
             try:

@@ -297,18 +297,17 @@ class WorkerProcess:
                 pass
         self._unsent.clear()  # the process is dead: nothing buffered can be delivered
         loop, self._loop = self._loop, None
-        if loop is not None and not loop.is_closed():
-            if _running_loop() is not loop:  # a watched fd is unwatched by its loop's thread
-                loop.call_soon_threadsafe(self._unwatch_and_end, loop)
-                return
-            loop.remove_reader(self.proc.stdout.fileno())
-            loop.remove_writer(self.proc.stdin.fileno())
-        self._reaper()  # waits for it, closes the pipes
+        if loop is None or loop.is_closed():
+            self._reaper()  # waits for it, closes the pipes
+        elif _running_loop() is loop:
+            self._unwatch_and_end(loop)
+        else:  # a watched fd is unwatched by its loop's thread
+            loop.call_soon_threadsafe(self._unwatch_and_end, loop)
 
     def _unwatch_and_end(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_reader(self.proc.stdout.fileno())
         loop.remove_writer(self.proc.stdin.fileno())
-        self._reaper()
+        self._reaper()  # waits for it, closes the pipes
 
     def alive(self) -> bool:
         return self.lost is None and self.proc.poll() is None
