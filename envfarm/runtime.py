@@ -143,6 +143,15 @@ class Instance:
         """The current state as SQLite database bytes."""
         return self.conn.serialize()
 
+    def committed(self) -> bytes:
+        """The state between calls as bytes: the same object while nothing was written (it is
+        the next call's rollback point, so a worker shipping it costs no second copy)."""
+        return self._rollback_point()
+
+    def restore(self, data: bytes) -> None:
+        """Take the state ``data`` holds (a lease moved here from a lost worker)."""
+        self._restore(data)
+
     def initial_snapshot(self) -> bytes:
         return self.runtime.template.data
 

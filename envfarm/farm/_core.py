@@ -58,7 +58,7 @@ from envfarm.wire import (
     new_owner_tag,
     owner_of,
 )
-from envfarm.worker import WorkerLost
+from envfarm.worker import InstanceClosed, WorkerLost
 
 _KEPT_ENV_ERRORS = 10
 
@@ -265,7 +265,7 @@ class FarmCore:
         self.registry.pin(name)  # not evicted while this lease is being made
         try:
             served = await self.registry.get(name)
-            instance = await served.acquire()
+            instance = await served.acquire(tenant)
         finally:
             self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
@@ -389,6 +389,8 @@ class FarmCore:
             res = await self.held(lease).instance.call(tool, arguments)
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:  # released while this call waited for the lease's last one
+            raise self._missing(lease.lease_id) from None
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
@@ -404,6 +406,8 @@ class FarmCore:
             await self.held(lease).instance.reset()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:
+            raise self._missing(lease.lease_id) from None
         lease.env_errors.clear()  # a new episode begins
 
     async def snapshot(self, lease: LeaseRecord) -> bytes:
@@ -411,6 +415,8 @@ class FarmCore:
             return await self.held(lease).instance.snapshot()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:
+            raise self._missing(lease.lease_id) from None
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
         task_idx, verdict = await episode_verdict(

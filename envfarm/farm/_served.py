@@ -40,7 +40,9 @@ class ServedEnv(Protocol):
     #: The env app's OpenAPI as fastapi-mcp generates it (MCP listings), or None.
     openapi: dict[str, Any] | None
 
-    async def acquire(self) -> InstanceHandle: ...
+    async def acquire(self, tenant: str) -> InstanceHandle:
+        """An instance for a new lease of ``tenant`` (env code one tenant's calls run never
+        shares a process with another tenant's instances)."""
     def release(self, inst: InstanceHandle) -> None: ...
     def pool_stats(self) -> PoolStats: ...
     async def aclose(self) -> None: ...
@@ -96,7 +98,8 @@ class LocalEnv:
         except Exception:  # noqa: BLE001 - generated code's schema may not render
             self.openapi = None
 
-    async def acquire(self) -> LocalInstance:
+    async def acquire(self, tenant: str = "") -> LocalInstance:
+        """(In-process: the env's code is trusted, tenants share the pool.)"""
         return LocalInstance(self.pool.acquire())
 
     def release(self, inst: LocalInstance) -> None:

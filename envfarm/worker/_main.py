@@ -3,8 +3,9 @@
 Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
-one frame each way: ``new``/``drop`` an instance, ``call`` a tool, ``reset``, ``snapshot``,
-``isolation`` (the module-state probe). Generated code never sees the channel's fds by name;
+one frame each way: ``new`` (an instance, from the template or from the image the frame
+carries), ``drop`` it, ``call`` a tool (the answer, then the pages of the database that the call
+changed: the front keeps each lease's committed state), ``reset``, ``snapshot``. Generated code never sees the channel's fds by name;
 what it could do with them anyway is bounded by the front, which checks every reply.
 """
 
@@ -22,8 +23,8 @@ from envfarm.worker import _frames
 
 #: How long the tasks of a request may take to hand their reply to the pipe at exit.
 _EXIT_GRACE_S = 1.0
-#: Largest tool answer passed on (an agent reads it; the front parses it).
-MAX_RESULT_BYTES = 8 << 20
+#: Largest tool answer passed on (an agent reads it; the front enforces it too).
+MAX_RESULT_BYTES = _frames.MAX_RESULT_BYTES
 
 
 def _private_channel() -> tuple[int, int]:
@@ -53,15 +54,22 @@ class Worker:
         self.send = send
         self.runtime = None
         self.instances: dict[int, Any] = {}
+        #: Per instance, the database image the front holds as its committed state.
+        self.shipped: dict[int, bytes] = {}
         self.tasks: set[asyncio.Task] = set()
 
     # -- frames in ------------------------------------------------------------------------------
     def on_frame(self, header: dict[str, Any], payload: bytes) -> None:
         op, rid = header.get("op"), header.get("id")
         if op == "new":  # in order, before any later frame: no await between them
-            self.instances[int(header["inst"])] = self.runtime.instance()
+            inst = self.runtime.instance()
+            if payload:  # a lease moved here from a lost worker: its committed state
+                inst.restore(payload)
+            self.instances[int(header["inst"])] = inst
+            self.shipped[int(header["inst"])] = inst.committed()
             return
         if op == "drop":
+            self.shipped.pop(int(header["inst"]), None)
             inst = self.instances.pop(int(header["inst"]), None)
             if inst is not None:
                 self._spawn(self._drop(inst), None)
@@ -102,18 +110,29 @@ class Worker:
                                      f"tool {header['tool']!r} answered {len(body)} bytes; "
                                      f"the limit is {MAX_RESULT_BYTES}")))
                 body = res.model_dump_json().encode()
-            reply = {"ok": True}
+            reply = {"ok": True, "rlen": len(body)}
             if self.runtime.timeouts:  # timed-out code may still be running here
                 reply["drain"] = True
-            return reply, body
+            return reply, body + self._delta(int(header["inst"]), inst)
         if op == "reset":
             async with inst.lock:
                 inst.reset()
+                self.shipped[int(header["inst"])] = inst.committed()
             return {"ok": True}, b""
         if op == "snapshot":
             async with inst.lock:
                 return {"ok": True}, inst.snapshot()
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
+
+
+    def _delta(self, key: int, inst) -> bytes:
+        """The pages the call changed since the image the front holds (none: b"")."""
+        image = inst.committed()  # cached while nothing was written: read calls ship none
+        shipped = self.shipped.get(key)
+        if shipped is image:
+            return b""
+        self.shipped[key] = image
+        return _frames.encode_delta(shipped or b"", image)
 
 
 def _load(header: dict[str, Any]):
