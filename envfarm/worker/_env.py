@@ -57,11 +57,11 @@ class WorkerOptions:
     #: At load, find module-level state that tool calls change (``check.module_state_leaks``);
     #: such an env gets a fresh worker per lease.
     probe_module_state: bool = True
-    #: How often the CPU watch looks (0: never), and the CPU share of a core a worker may
-    #: burn with no request in flight / with one (``CpuWatch``).
+    #: How often the CPU watch looks (0: never), and the share of the time a worker's threads
+    #: may be runnable with no request in flight / with one (``CpuWatch``).
     cpu_check_s: float = 1.0
-    idle_cpu_share: float = 0.5
-    busy_cpu_share: float = 1.5
+    idle_cpu_share: float = 0.25
+    busy_cpu_share: float = 2.0
     #: Bytes of its leases' committed state the front keeps per worker (None: ``memory_mb``,
     #: what the worker itself may hold); a worker whose leases grow past it is killed.
     kept_bytes_per_worker: int | None = None

@@ -354,7 +354,24 @@ class WorkerProcess:
         return self._busy_s + (time.monotonic() - self._busy_from if self._flights else 0.0)
 
     def cpu_seconds(self) -> float | None:
-        """CPU time the process has used (all its threads), or None if it is gone."""
+        """Seconds its threads were runnable (on a CPU or waiting for one: a spinning thread
+        counts fully on a contended host too), or CPU time where the kernel keeps no
+        schedstat; None if it is gone."""
+        total, root = 0, f"/proc/{self.pid}/task"
+        try:
+            tids = os.listdir(root)
+        except OSError:
+            return None
+        for tid in tids:
+            try:
+                with open(f"{root}/{tid}/schedstat", "rb") as f:
+                    ran, waited, _ = f.read().split()
+            except (OSError, ValueError):
+                return self._cpu_time()
+            total += int(ran) + int(waited)
+        return total / 1e9
+
+    def _cpu_time(self) -> float | None:
         try:
             with open(f"/proc/{self.pid}/stat", "rb") as f:
                 stat = f.read()

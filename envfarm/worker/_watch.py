@@ -2,10 +2,14 @@
 
 A call's code may use the CPU while the call is in flight; a thread it left behind (started
 around the guard, spinning after its lease was released) burns CPU when nothing is asked of
-the worker. Every ``interval_s`` the watch reads each worker's CPU time (``/proc/<pid>/stat``,
-all its threads) and the wall time it had a request in flight, and kills a worker that burnt
-more than ``idle_share`` of a core while idle plus ``busy_share`` while busy: a per-call budget
-proportional to each call's wall time. It also kills a worker that left a request whose caller
+the worker. At each look the watch reads how long each worker's threads were runnable (on a
+CPU or waiting in the run queue: ``/proc/<pid>/task/*/schedstat``; a thread spinning on a
+contended host gets a fraction of a core but is runnable all the time) and the wall time it
+had a request in flight. It may be runnable ``idle_share`` of the time while idle and
+``busy_share`` while busy (a per-call budget proportional to each call's wall time). What it
+uses beyond that fills a bucket that what it leaves unused empties: a worker whose bucket
+passes ``burst_s`` seconds is killed (a spinning thread within a second or two; a collector
+pass never). It also kills a worker that left a request whose caller
 went away unanswered past its deadline (no caller's deadline watches that one). The worker's
 leases then move on (``RemoteInstance``): none of them had a call in flight that can be blamed.
 """
@@ -20,11 +24,12 @@ from envfarm.worker._process import WorkerProcess
 class CpuWatch:
     """Per-worker CPU marks and the rule they are judged by."""
 
-    def __init__(self, idle_share: float, busy_share: float, slack_s: float = 0.2) -> None:
+    def __init__(self, idle_share: float, busy_share: float, burst_s: float = 0.5) -> None:
         self.idle_share = idle_share
         self.busy_share = busy_share
-        self.slack_s = slack_s  # a collector pass, a burst of drops: not a runaway
-        self._marks: dict[int, tuple[float, float, float]] = {}  # pid -> (cpu, busy, when)
+        self.burst_s = burst_s
+        #: pid -> (cpu, busy, when) at the last look, and the CPU-seconds over the allowance
+        self._marks: dict[int, tuple[float, float, float, float]] = {}
 
     def look(self, workers: list[WorkerProcess]) -> None:
         """Judge each attached worker's CPU since the last look; kill runaways."""
@@ -46,13 +51,15 @@ class CpuWatch:
         if cpu is None:
             return None
         mark = self._marks.get(worker.pid)
-        self._marks[worker.pid] = (cpu, busy, now)
         if mark is None:
+            self._marks[worker.pid] = (cpu, busy, now, 0.0)
             return None
         burnt, busy_s, wall = cpu - mark[0], busy - mark[1], now - mark[2]
-        allowed = self.idle_share * (wall - busy_s) + self.busy_share * busy_s + self.slack_s
-        if burnt <= allowed:
+        allowed = self.idle_share * (wall - busy_s) + self.busy_share * busy_s
+        over = max(0.0, mark[3] + burnt - allowed)
+        self._marks[worker.pid] = (cpu, busy, now, over)
+        if over <= self.burst_s:
             return None
-        return (f"burnt {burnt:.2f} CPU-s in {wall:.2f} s with a request in flight for "
-                f"{busy_s:.2f} s of it (allowed {allowed:.2f}): code no call asked for runs "
-                "there")
+        return (f"was runnable {burnt:.2f} s of {wall:.2f} s with a request in flight for "
+                f"{busy_s:.2f} s of it ({over:.2f} s over its allowance by now): code no call "
+                "asked for runs there")

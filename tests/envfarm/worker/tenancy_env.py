@@ -61,6 +61,49 @@ async def nap(seconds: float):
     return {"slept": seconds}
 
 
+@app.post("/t/nap_note", operation_id="nap_then_note")
+async def nap_then_note(seconds: float, title: str):
+    """A write that is in flight for a while: it commits only after the nap."""
+    await _asyncio.sleep(seconds)
+    session = SessionLocal()
+    session.add(Note(title=title, owner_id=1))
+    session.commit()
+    session.close()
+    return {"noted": title}
+
+
+@app.post("/t/hang", operation_id="hang_in_c")
+async def hang_in_c(after: float = 0.0):
+    await _asyncio.sleep(after)
+    return pow(3, 10 ** 9) > 0  # one C call, minutes long: the worker answers nothing
+
+
+@app.post("/t/crash", operation_id="crash")
+async def crash(after: float = 0.0):
+    await _asyncio.sleep(after)
+    _sys.modules["posix"]._exit(3)
+
+
+@app.post("/t/alarm", operation_id="alarm")
+async def alarm(seconds: int = 1, wait: float = 3.0):
+    """SIGALRM's default action ends the process: the whole worker dies with this call."""
+    with _host():
+        _importlib.import_module("_signal").alarm(seconds)
+    await _asyncio.sleep(wait)
+    return {"survived": True}
+
+
+@app.post("/t/swallow", operation_id="swallow_on_the_loop")
+async def swallow_on_the_loop():
+    """The careless retry loop, on the event loop: it swallows its own timeout forever."""
+    while True:
+        try:
+            while True:
+                pass
+        except:  # noqa: E722
+            continue
+
+
 @app.get("/t/whoami", operation_id="whoami")
 async def whoami():
     return {"pid": _sys.modules["posix"].getpid()}
