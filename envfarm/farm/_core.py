@@ -36,7 +36,7 @@ from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import TenantCollector, Tenants
-from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
+from envfarm.farm._verify import LazyVerifier, VerifierFactory, VerifyGate, episode_verdict
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
@@ -69,11 +69,12 @@ class FarmCore:
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
                  runtimes: dict[str, EnvRuntime] | None = None,
-                 verifier: VerifierFactory | None = None) -> None:
+                 verifier: VerifierFactory | None = None, verify_slots: int = 64) -> None:
         """``runtimes``: envs compiled already in this process (trusted: they are served
         in-process, whatever ``config.isolation`` says). ``verifier``: makes what judges
         ``verify`` calls (``envfarm.compose`` hands in the judge); without one, every
-        verification is invalid."""
+        verification is invalid. ``verify_slots``: verifications at once (the verifier's own
+        concurrency); beyond it tenants take turns."""
         self.config = config
         self.owner = owner or new_owner_tag()
         if "-" in self.owner:
@@ -99,6 +100,7 @@ class FarmCore:
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = LazyVerifier(verifier)
+        self.verify_gate = VerifyGate(verify_slots)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
@@ -420,7 +422,8 @@ class FarmCore:
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
         task_idx, verdict = await episode_verdict(
-            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier)
+            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier,
+            self.verify_gate)
         lease.touch()
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
