@@ -115,10 +115,12 @@ class WorkerEnv:
         self.started = 1  # workers started over this env's life (replacements included)
         self.open_leases = 0
         self._retiring: asyncio.TimerHandle | None = None
-        #: tenant -> the fresh worker where that tenant's suspect requests run one at a time
+        #: tenant -> the fresh worker where that tenant's suspect requests run one at a time,
+        #: the lock they take turns by and how many wait (a tenant's turns never hold up
+        #: another's)
         self._wards: dict[str, WorkerProcess] = {}
-        self._ward_lock = asyncio.Lock()
-        self._suspects = 0
+        self._ward_locks: dict[str, asyncio.Lock] = {}
+        self._suspects: dict[str, int] = {}
         self._cpu = CpuWatch(options.idle_cpu_share, options.busy_cpu_share)
         self._watching: asyncio.TimerHandle | None = None
         self._closing = False
@@ -252,9 +254,9 @@ class WorkerEnv:
         """A fresh worker of ``tenant``'s that takes no other lease, held while one suspect
         request runs on it alone (the suspects of a lost worker take turns). Once no suspect
         waits, it takes leases like any worker of that tenant."""
-        self._suspects += 1
+        self._suspects[tenant] = self._suspects.get(tenant, 0) + 1
         try:
-            async with self._ward_lock:
+            async with self._ward_locks.setdefault(tenant, asyncio.Lock()):
                 ward = self._wards.get(tenant)
                 if ward is None or ward.lost is not None:
                     try:
@@ -266,9 +268,10 @@ class WorkerEnv:
                     self._wards[tenant] = ward
                 yield ward
         finally:
-            self._suspects -= 1
-            if not self._suspects:
-                self._wards.clear()
+            self._suspects[tenant] -= 1
+            if not self._suspects[tenant]:
+                del self._suspects[tenant], self._ward_locks[tenant]
+                self._wards.pop(tenant, None)
 
     async def _grow(self) -> None:
         """One more worker; concurrent callers share the start under way."""

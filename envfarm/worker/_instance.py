@@ -28,8 +28,9 @@ from envfarm.worker._process import ANSWERED, GUILTY, SUSPECT, WorkerLost, Worke
 if TYPE_CHECKING:
     from envfarm.worker._env import WorkerEnv
 
-#: A lease moved this many times (workers lost under it with no fault of its own) is given up:
-#: an env whose every worker dies soon after it starts would otherwise churn workers forever.
+#: A lease moved this many times in a row without a request of it completing (workers lost
+#: under it with no fault of its own) is given up: an env whose every worker dies soon after
+#: it starts would otherwise churn workers forever.
 MAX_MOVES = 8
 #: What a call's reply may carry: the answer, then a delta of at most the whole database.
 _CALL_CAP = _frames.MAX_RESULT_BYTES + _frames.MAX_DB_BYTES + (1 << 20)
@@ -151,6 +152,7 @@ class RemoteInstance:
         if not reply.get("ok"):  # it cannot serve an instance the front placed there
             worker.kill(f"could not serve instance {self.inst}: {str(reply.get('error'))[:300]}")
             raise WorkerLost(worker.lost or "killed")
+        self.moves = 0
         return reply, payload
 
     async def _move(self, ward: WorkerProcess | None = None) -> None:

@@ -5,8 +5,9 @@ with the channel on fds 0 and 1. It imports what env code needs, enters the kern
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
 one frame each way: ``new`` (an instance, from the template or from the image the frame
 carries), ``drop`` it, ``call`` a tool (the answer, then the pages of the database that the call
-changed: the front keeps each lease's committed state), ``reset``, ``snapshot``. Generated code never sees the channel's fds by name;
-what it could do with them anyway is bounded by the front, which checks every reply.
+changed: the front keeps each lease's committed state), ``reset``, ``snapshot``. Generated code
+never sees the channel's fds by name; what it could do with them anyway is bounded by the front,
+which checks every reply.
 """
 
 from __future__ import annotations
