@@ -24,6 +24,10 @@ from envfarm.worker import _frames
 _EXIT_GRACE_S = 1.0
 #: Largest tool answer passed on (an agent reads it; the front parses it).
 MAX_RESULT_BYTES = 8 << 20
+#: Threads (tasks of its uid) a worker may have: FastAPI runs sync handlers on up to 40 anyio
+#: threads, plus the event loop, the call watchdog and executors. A thread bomb stops here,
+#: with a typed error, instead of filling the host's pid table.
+MAX_THREADS = 128
 
 
 def _private_channel() -> tuple[int, int]:
@@ -37,13 +41,23 @@ def _private_channel() -> tuple[int, int]:
 
 
 def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
-    if not config.get("jail", True):
-        return "unconfined (the farm was started with --allow-unconfined)"
-    from envfarm.jail import JailPolicy, enter
+    from envfarm import jail
 
-    policy = JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
-                        processes=False)
-    return enter(policy, keep_fds=keep).describe()
+    policy = jail.JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
+                             processes=False, uid=jail.uid_from_config(config),
+                             keep_imports=True,
+                             max_threads=MAX_THREADS if "uid_base" in config else None)
+    if not config.get("jail", True):  # switching uid needs no kernel feature: still done
+        jail.switch_identity(policy)
+        return f"unconfined (the farm was started with --allow-unconfined), {_who(policy)}"
+    return f"{jail.enter(policy, keep_fds=keep).describe()}, {_who(policy)}"
+
+
+def _who(policy) -> str:
+    uid = os.getuid()
+    if policy.max_threads and uid == policy.uid:
+        return f"uid {uid}, at most {policy.max_threads} threads"
+    return f"uid {uid}"
 
 
 class Worker:
