@@ -77,7 +77,8 @@ class PromptBudget:
         if used <= self.listing_limit:
             return shown
         limit = (f"the listing limit of {self.listing_limit} tokens (prompt budget "
-                 f"{self.tokens} minus {self.tokens - self.listing_limit} reserved for later turns)")
+                 f"{self.tokens} minus {self.tokens - self.listing_limit} reserved for "
+                 "later turns)")
         if self.on_overflow == "fail":
             raise PromptBudgetError(f"{where}: the prompt holding the tool listing is {used} "
                                     f"tokens, over {limit}; set on_overflow 'names' to list "

@@ -7,7 +7,7 @@ tokenizer. The bundled envs' full tool listings are 12-14k of its tokens."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,15 +27,6 @@ TURNS = [tool_call_text("list_tools", {}, "I list the tools."),
          final_text("Done.", "Nothing more to do.")]
 
 
-@dataclass
-class TokenOutput:
-    """The shape of verl's ``TokenOutput`` that ServerPolicy reads."""
-
-    token_ids: list[int]
-    log_probs: list[float] | None = None
-    extra_fields: dict[str, Any] = field(default_factory=dict)
-
-
 class RecordingServer:
     """Answers verl's ``generate`` with the given turns; keeps every prompt it was sent."""
 
@@ -44,11 +35,12 @@ class RecordingServer:
         self.prompts: list[list[int]] = []
 
     async def generate(self, request_id: str, *, prompt_ids: list[int],
-                       sampling_params: dict[str, Any]) -> TokenOutput:
+                       sampling_params: dict[str, Any]) -> SimpleNamespace:
         text = TURNS[min(len(self.prompts), len(TURNS) - 1)]
         self.prompts.append(list(prompt_ids))
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return TokenOutput(ids, [-0.5] * len(ids))
+        # what ServerPolicy reads of verl's TokenOutput
+        return SimpleNamespace(token_ids=ids, log_probs=[-0.5] * len(ids), extra_fields={})
 
 
 @pytest.fixture(scope="module")
