@@ -65,13 +65,18 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(secret_env):
+def farm(secret_env):
     farm = start_farm({"raw": raw_code(), "victim": with_code("")}, call_timeout_s=5.0,
                       leases_per_worker=4, check_module_state=False)
+    yield farm
+    farm.stop()
+
+
+@pytest.fixture(scope="module")
+def api(farm):
     client = Api(farm.url)
     yield client
     client.http.close()
-    farm.stop()
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +126,22 @@ def test_workers_run_as_unprivileged_uids_of_their_own(api, lease):
         status = Path(f"/proc/{seen['pid']}/status").read_text()
         assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in status
     assert first["uid"] != second["uid"]
+
+
+def test_the_farm_says_who_its_workers_run_as(farm, caplog):
+    from envfarm.farm import FarmConfig
+    from envfarm.farm._config import isolation_of
+
+    health = httpx.get(farm.url + "/healthz").json()
+    with caplog.at_level("WARNING", logger="envfarm.farm"):
+        isolation, _ = isolation_of(FarmConfig())
+    assert health["isolation"] == isolation
+    if ROOT:
+        assert isolation.endswith("a uid of its own each)") and not caplog.records
+    else:  # one clear line: nothing to drop, no thread cap
+        assert "not root: nothing to drop" in isolation
+        assert [r.getMessage() for r in caplog.records if "no privilege to drop" in
+                r.getMessage()]
 
 
 @pytest.mark.parametrize("name", ["colorsys", "lzma", "xml.dom.minidom", "email.mime.text",
