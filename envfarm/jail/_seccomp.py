@@ -166,8 +166,8 @@ def _prefix(highest: int) -> bytes:
         return b""
     arch, ioctl_nr = native
     allowed = len(ALLOWED_IOCTLS)
-    # Where the prefix's two answers are, and the first instruction after it.
-    deny_at, nosys_at, rest = 7 + allowed, 8 + allowed, 9 + allowed
+    # The prefix's ENOSYS answer (after its EPERM one), and the first instruction after it.
+    nosys_at, rest = 8 + allowed, 9 + allowed
     code: list[tuple[int, int, int, int]] = []
 
     def jump(op: int, k: int, if_true: int | None, if_false: int | None) -> None:
@@ -184,7 +184,7 @@ def _prefix(highest: int) -> bytes:
     code.append((_LD_ABS_W, 0, 0, _ARG1_LOW))                # 6: ioctl's request, low half
     for request in ALLOWED_IOCTLS:
         jump(_JEQ_K, request, rest, None)
-    code.append((_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))    # deny_at
+    code.append((_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))    # an ioctl not in the list
     code.append((_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS))   # nosys_at
     return b"".join(struct.pack("=HBBI", *ins) for ins in code)
 

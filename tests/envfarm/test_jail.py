@@ -272,6 +272,28 @@ def test_syscalls_newer_than_the_filter_knows_answer_enosys():
     assert got["getppid"][0] == os.getpid()
 
 
+_UNCONFINED = _c("""
+    import json, os
+    from envfarm.jail import JailPolicy, switch_identity
+    switch_identity(JailPolicy(uid=0x7000_0000 + 35, keep_imports=True, max_threads=8))
+    import colorsys  # first imported after the switch
+    import resource
+    print(json.dumps({"uid": os.getresuid(), "groups": os.getgroups(),
+                      "nproc": resource.getrlimit(resource.RLIMIT_NPROC)}))
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root has a uid to switch away from")
+def test_an_unconfined_worker_still_switches_uid():
+    """--allow-unconfined (a kernel without seccomp or Landlock) keeps the uid switch."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _UNCONFINED], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    assert got == {"uid": [0x7000_0000 + 35] * 3, "groups": [], "nproc": [8, 8]}
+
+
 def test_the_probe_reports_this_kernel():
     have = support()
     status = Path("/proc/self/status").read_text()
