@@ -35,6 +35,15 @@ def _c(code: str) -> str:
     return textwrap.dedent(code).strip()
 
 
+def _script(code: str) -> dict:
+    """Run ``code`` in a fresh Python; what it printed, as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
 #: name -> (code, policy, expectation). The code sets ``result`` or raises.
 #: Expectations: "denied" = PermissionError/OSError raised; "minus1" = a raw syscall returned -1;
 #: a signal name = the kernel killed the child; a callable = custom check on the report.
@@ -263,11 +272,7 @@ _NEWER = _c("""
 def test_syscalls_newer_than_the_filter_knows_answer_enosys():
     """The filter reviewed syscalls up to 469 (Linux 6.18); one a newer kernel adds answers
     ENOSYS. Shown here with the line drawn at 438, so 439 (faccessat2) stands for the new one."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", _NEWER], capture_output=True, text=True,
-                         timeout=60, env=env, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout)
+    got = _script(_NEWER)
     assert got["faccessat2"] == [-1, 38] and got["pidfd_getfd"] == [-1, 1]
     assert got["getppid"][0] == os.getpid()
 
@@ -286,11 +291,7 @@ _UNCONFINED = _c("""
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root has a uid to switch away from")
 def test_an_unconfined_worker_still_switches_uid():
     """--allow-unconfined (a kernel without seccomp or Landlock) keeps the uid switch."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", _UNCONFINED], capture_output=True, text=True,
-                         timeout=60, env=env, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout)
+    got = _script(_UNCONFINED)
     assert got == {"uid": [0x7000_0000 + 35] * 3, "groups": [], "nproc": [8, 8]}
 
 
@@ -366,11 +367,7 @@ _ZYGOTE = _c("""
 
 
 def test_a_zygote_forks_and_its_children_tighten():
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", _ZYGOTE], capture_output=True, text=True,
-                         timeout=60, env=env, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout)
+    got = _script(_ZYGOTE)
     assert got["threaded"] == "threads"  # Landlock would miss the other thread: refused
     assert got["child"] == {"fork": "denied", "kill_zygote": "denied"}
     assert got["prepared"] == {"fork": "denied", "kill_zygote": "denied", "kill_self": "denied",
