@@ -188,8 +188,8 @@ def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSuppor
     global _ENTERED_ROOTS
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    flt = _seccomp.build(os.getpid(), policy.threads, policy.processes,
-                         first=_ENTERED_ROOTS is None) if have.seccomp else None
+    bpf = _seccomp.program(os.getpid(), policy.threads, policy.processes,
+                           first=_ENTERED_ROOTS is None) if have.seccomp else None
     # Made before the uid switch: the unprivileged uid may not reach every root to name it.
     ruleset = _ruleset(roots, have)
     kept = (*keep_fds, *_pin_imports(policy), *([ruleset] if ruleset is not None else []))
@@ -200,9 +200,9 @@ def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSuppor
             os.close(ruleset)
         except OSError as exc:
             raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
-    if flt is not None:
+    if bpf is not None:
         try:
-            flt.load()
+            _seccomp.load_bpf(bpf)
         except OSError as exc:
             raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
     _ENTERED_ROOTS = roots
@@ -252,8 +252,8 @@ def prepare(policy: JailPolicy) -> PreparedJail:
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
     ruleset = _ruleset(roots, have)
-    bpf = _seccomp.to_bpf(_seccomp.build(None, policy.threads, policy.processes,
-                                         first=_ENTERED_ROOTS is None)) if have.seccomp else None
+    bpf = _seccomp.program(None, policy.threads, policy.processes,
+                           first=_ENTERED_ROOTS is None) if have.seccomp else None
     return PreparedJail(policy, have, roots, ruleset, bpf)
 
 

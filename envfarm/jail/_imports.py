@@ -50,9 +50,10 @@ class _Pins:
 def _package_paths() -> list[str]:
     paths = []
     for module in list(sys.modules.values()):
-        search = getattr(module, "__path__", None)
-        if isinstance(search, list):  # a namespace package's path follows sys.path by itself
-            paths.extend(p for p in search if isinstance(p, str))
+        try:
+            paths.extend(p for p in getattr(module, "__path__", None) or () if isinstance(p, str))
+        except Exception:  # noqa: BLE001 - a module whose __path__ is no list of folders
+            continue
     return paths
 
 

@@ -40,6 +40,20 @@ def _private_channel() -> tuple[int, int]:
     return proto_in, proto_out
 
 
+def _leave_project_root() -> None:
+    """The front puts the project's root on PYTHONPATH so that this process finds envfarm. A
+    checkout's root holds much more (tests, benchmarks, .git, local settings): once envfarm is
+    imported its package folder is enough, so the root leaves sys.path and with it the jail's
+    readable roots, which follow sys.path. An installed envfarm's root is site-packages: kept."""
+    import envfarm
+
+    root = os.path.dirname(os.path.dirname(os.path.realpath(envfarm.__file__)))
+    if os.path.basename(root) in ("site-packages", "dist-packages"):
+        return
+    sys.path[:] = [p for p in sys.path if not (isinstance(p, str) and os.path.isabs(p)
+                                               and os.path.realpath(p) == root)]
+
+
 def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
     from envfarm import jail
 
@@ -186,6 +200,7 @@ def main() -> None:
 
     import envfarm.runtime  # noqa: F401
 
+    _leave_project_root()
     # The event loop's self-pipe is a socketpair: made now, as the jail forbids sockets.
     loop = asyncio.new_event_loop()
     # Only fds 0-2 were inherited (the front spawns with close_fds): every other open fd is

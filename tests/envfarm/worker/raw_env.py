@@ -77,7 +77,8 @@ async def list_interfaces():
 
     conf = IfConf(len(buf), ctypes.addressof(buf))
     rc = libc.ioctl(_loop_socket(), 0x8912, ctypes.byref(conf))
-    names = [buf.raw[i:i + 16].split(b"\\0")[0].decode() for i in range(0, max(conf.len, 0), 40)]
+    names = [buf.raw[i:i + 16].split(b"\\0")[0].decode() for i in range(0, conf.len, 40)
+             ] if rc == 0 else []
     return {"rc": rc, "errno": ctypes.get_errno() if rc < 0 else 0, "names": names}
 
 
@@ -133,6 +134,19 @@ async def thread_bomb(count: int, lift: bool = False):
         _threading.stack_size(0)
     out.update(started=started, stopped_by=stopped_by)
     return out
+
+
+@app.get("/r/write_through_fds", operation_id="write_through_fds")
+async def write_through_fds(name: str):
+    """Create ``name`` under every descriptor the worker holds (its import folders' O_PATH
+    descriptors among them), with openat."""
+    ctypes, libc = _libc()
+    made = {}
+    for fd in range(64):
+        rc = libc.syscall(257, fd, name.encode(), 0o101, 0o644)  # O_WRONLY|O_CREAT
+        if rc >= 0:
+            made[fd] = rc
+    return {"made": made}
 
 
 @app.get("/r/identity", operation_id="identity")

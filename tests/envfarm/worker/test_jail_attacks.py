@@ -65,13 +65,18 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(secret_env):
+def farm(secret_env):
     farm = start_farm({"raw": raw_code(), "victim": with_code("")}, call_timeout_s=5.0,
                       leases_per_worker=4, check_module_state=False)
+    yield farm
+    farm.stop()
+
+
+@pytest.fixture(scope="module")
+def api(farm):
     client = Api(farm.url)
     yield client
     client.http.close()
-    farm.stop()
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +126,22 @@ def test_workers_run_as_unprivileged_uids_of_their_own(api, lease):
         status = Path(f"/proc/{seen['pid']}/status").read_text()
         assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in status
     assert first["uid"] != second["uid"]
+
+
+def test_the_farm_says_who_its_workers_run_as(farm, caplog):
+    from envfarm.farm import FarmConfig
+    from envfarm.farm._config import isolation_of
+
+    health = httpx.get(farm.url + "/healthz").json()
+    with caplog.at_level("WARNING", logger="envfarm.farm"):
+        isolation, _ = isolation_of(FarmConfig())
+    assert health["isolation"] == isolation
+    if ROOT:
+        assert isolation.endswith("a uid of its own each)") and not caplog.records
+    else:  # one clear line: nothing to drop, no thread cap
+        assert "not root: nothing to drop" in isolation
+        assert [r.getMessage() for r in caplog.records if "no privilege to drop" in
+                r.getMessage()]
 
 
 @pytest.mark.parametrize("name", ["colorsys", "lzma", "xml.dom.minidom", "email.mime.text",
@@ -219,3 +240,117 @@ def test_a_thread_bomb_stops_at_the_workers_cap_which_it_cannot_lift(api):
     assert seen["started"] < MAX_THREADS and "can't start new thread" in seen["stopped_by"], seen
     assert api.call(bomber, "identity")  # the worker lives on, and so do its neighbours
     assert "victim-state" in [n["title"] for n in api.call(victim, "list_notes")]
+
+
+# -- what the seccomp filter refuses whoever the worker runs as -------------------------------
+@pytest.mark.parametrize("folder", ["/tmp", "/dev/shm"])
+def test_no_folder_can_be_watched_for_other_tenants_file_names(api, lease, folder):
+    seen = api.call(lease, "watch_folder", path=folder)
+    assert seen["rc"] == -1 and seen["errno"] == EPERM, seen
+
+
+def test_the_event_loops_socketpair_lists_no_interfaces(api, lease):
+    seen = api.call(lease, "list_interfaces")
+    assert seen == {"rc": -1, "errno": EPERM, "names": []}
+
+
+def test_no_mount_is_listed_or_described(api, lease):
+    # struct mnt_id_req {u32 size; u32 spare; u64 mnt_id (LSMT_ROOT); u64 param}
+    request = {"bytes": ((24).to_bytes(4, "little") + bytes(4) + b"\xff" * 8 + bytes(8)).hex()}
+    listed = api.syscall(lease, 458, request, {"buf": 8 * 64}, 64, 0)
+    assert listed["rc"] == -1 and listed["errno"] == EPERM, listed
+    described = api.syscall(lease, 457, request, {"buf": 4096}, 4096, 0)
+    assert described["rc"] == -1 and described["errno"] == EPERM, described
+
+
+@pytest.mark.parametrize("how", ["flock", "F_SETLK", "F_OFD_SETLK"])
+def test_no_lock_is_taken_on_a_host_file(api, lease, targets, how):
+    """A lock held from a read-only descriptor would stall whoever on the host locks it."""
+    import fcntl
+
+    path = str(targets["plain"])
+    # struct flock {short type (F_RDLCK), short whence, off_t start, off_t len, pid_t pid}
+    lock = {"bytes": bytes(32).hex()}
+    nr, args = {"flock": (73, [{"open": path}, fcntl.LOCK_EX | fcntl.LOCK_NB]),
+                "F_SETLK": (72, [{"open": path}, fcntl.F_SETLK, lock]),
+                "F_OFD_SETLK": (72, [{"open": path}, 37, lock])}[how]
+    _refused(api.syscall(lease, nr, *args))
+    with open(path, "rb+") as fh:  # the worker still holds its descriptor open
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_no_memory_file_is_made_or_executed(api, lease):
+    seen = api.call(lease, "memfd_exec")
+    assert seen["exec"] == -1 and seen["exec_errno"] == EPERM, seen
+    assert seen["memfd"] == -1 and seen["memfd_errno"] == EPERM, seen
+
+
+def test_syscalls_newer_than_the_filter_answer_enosys(api, lease):
+    from envfarm.jail._seccomp import HIGHEST_REVIEWED
+
+    for nr in (HIGHEST_REVIEWED + 1, HIGHEST_REVIEWED + 7, 1000):
+        assert api.syscall(lease, nr, 0, 0, 0) == {"rc": -1, "errno": 38, "bufs": []}
+
+
+def test_no_descriptor_the_worker_holds_lets_it_write(api, lease):
+    assert api.call(lease, "write_through_fds", name="jail34-planted")["made"] == {}
+    assert not list(REPO.rglob("jail34-planted"))
+
+
+# -- doors that were already shut: kept shut (each answered by the kernel, not the guard) ------
+def _front_pid() -> int:
+    return os.getpid()
+
+
+DOORS = {
+    "ptrace attach the front": (101, lambda: [16, _front_pid(), 0, 0]),
+    "process_vm_readv the front": (310, lambda: [_front_pid(), 0, 0, 0, 0, 0]),
+    "kcmp": (312, lambda: [_front_pid(), _front_pid(), 0, 0, 0]),
+    "pidfd_open the front": (434, lambda: [_front_pid(), 0]),
+    "userfaultfd": (323, lambda: [0]),
+    "io_uring_setup": (425, lambda: [8, {"buf": 120}]),
+    "perf_event_open": (298, lambda: [{"buf": 128}, 0, -1, -1, 0]),
+    "bpf": (321, lambda: [0, {"buf": 128}, 128]),
+    "keyctl": (250, lambda: [0, -4, 0]),
+    "unshare a user namespace": (272, lambda: [0x10000000]),
+    "mount": (165, lambda: ["none", "/tmp", "tmpfs", 0, 0]),
+    "open_by_handle_at": (304, lambda: [AT_FDCWD, {"buf": 128}, 0]),
+    "execve /bin/sh": (59, lambda: ["/bin/sh", 0, 0]),
+    "fork": (57, lambda: []),
+    "socket": (41, lambda: [2, 1, 0]),
+    "personality": (135, lambda: [0x0400000]),
+    "kill the front": (62, lambda: [_front_pid(), 0]),
+    "lower the front's rlimit": (302, lambda: [_front_pid(), 7, {"buf": 16}, 0]),
+    "cancel death with the parent, upper bits set": (157, lambda: [(1 << 32) | 1, 0]),
+    "the front's environ": (257, lambda: [AT_FDCWD, f"/proc/{_front_pid()}/environ", 0]),
+    "the front's memory": (257, lambda: [AT_FDCWD, f"/proc/{_front_pid()}/mem", 0]),
+    "the front's descriptors": (257, lambda: [AT_FDCWD, f"/proc/{_front_pid()}/fd", 0o200000]),
+    "own environ file": (257, lambda: [AT_FDCWD, "/proc/self/environ", 0]),
+    "project files": (257, lambda: [AT_FDCWD, str(REPO / "pyproject.toml"), 0]),
+}
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+def test_kernel_doors_stay_shut(api, lease, door):
+    nr, args = DOORS[door]
+    seen = api.syscall(lease, nr, *args())
+    assert seen["rc"] == -1 and seen["errno"] in (EPERM, EACCES), seen
+
+
+def _workers() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children()
+            if "envfarm.worker" in " ".join(p.cmdline())]
+
+
+def test_other_workers_processes_are_out_of_reach(api, lease):
+    api.call(api.lease("victim"), "list_notes")  # a worker of another env type exists
+    own = api.call(lease, "identity")["pid"]
+    others = [pid for pid in _workers() if pid != own]
+    assert others
+    for pid in others:
+        for leaf in ("environ", "mem", "fd", "maps", "cmdline"):
+            seen = api.syscall(lease, 257, AT_FDCWD, f"/proc/{pid}/{leaf}", 0)
+            assert seen["rc"] == -1 and seen["errno"] in (EPERM, EACCES), (pid, leaf, seen)
