@@ -10,6 +10,9 @@ main's), side by side in one run, same env, tool, client and cores.
   tool and a write tool, 64 calls in flight over 32 leases, interleaved rounds.
 - recovery (this checkout): a worker holding 64 leases is killed; wall time until all 64
   answer again, and how many were lost (none had a call in flight: 0 expected).
+- pieces (this checkout, in process): what each call now does more, timed alone (the farm's
+  per-call CPU on a shared machine moves more than these add): the state key after a read, the
+  page delta after a write and its patching in the front, the reply reader against the old one.
 
     unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/bench_tenancy.py \\
         --before /tmp/main-checkout'
@@ -173,6 +176,53 @@ def recovery() -> dict[str, Any]:
         farm.stop()
 
 
+def _us(fn, n: int) -> float:
+    """CPU µs per ``fn()`` (process time: a loaded machine stretches wall time, not this)."""
+    t0 = time.process_time()
+    for _ in range(n):
+        fn()
+    return round((time.process_time() - t0) / n * 1e6, 2)
+
+
+def pieces(n: int = 2000) -> dict[str, Any]:
+    from envfarm.catalog import load_catalog
+    from envfarm.runtime import EnvRuntime
+    from envfarm.worker import _frames
+    from envfarm.worker._committed import CommittedState, Template
+
+    runtime = EnvRuntime(load_catalog()[ENV])
+    inst = runtime.instance()
+    template = Template(runtime.template.data)
+    state = CommittedState(template)
+    assert inst.call_sync(READ[0], READ[1](0)).ok
+    out = {"db_bytes": len(runtime.template.data),
+           "state_key_after_a_read_us": _us(inst.committed, n)}
+    shipped, deltas, writes = runtime.template.data, [], []
+    for k in range(200):  # writes as an episode makes them, each shipped as a delta
+        assert inst.call_sync(WRITE[0], WRITE[1](k)).ok
+        image = inst.committed()
+        t0 = time.process_time()
+        for _ in range(20):
+            delta = _frames.encode_delta(shipped, image)
+        t1 = time.process_time()
+        for _ in range(20):
+            state.apply(delta)
+        writes.append(((t1 - t0) / 20, (time.process_time() - t1) / 20))
+        deltas.append(len(delta))
+        shipped = image
+    assert state.image() == inst.snapshot()
+    out["delta_encode_in_worker_us"] = round(sum(w[0] for w in writes) / len(writes) * 1e6, 1)
+    out["delta_apply_in_front_us"] = round(sum(w[1] for w in writes) / len(writes) * 1e6, 1)
+    out["delta_bytes_per_write"] = round(sum(deltas) / len(deltas))
+    out["front_state_kib_after_200_writes"] = round(state.own / 1024, 1)
+    reply = _frames.encode({"ok": True, "rlen": 600, "id": 7}, b"x" * 600)
+    old = _frames.FrameReader()
+    new = _frames.ReplyReader(lambda header, size: None, lambda header, payload: None)
+    out["old_reader_us"] = _us(lambda: [_frames.decode(b) for b in old.feed(reply)], n)
+    out["reply_reader_us"] = _us(lambda: new.feed(reply), n)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--before", type=Path, help="another checkout to compare against (main)")
@@ -180,13 +230,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved per-call rounds")
     ap.add_argument("--note", default="", help="what else ran on the machine")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--only", choices=["pieces"], help="just this part")
     args = ap.parse_args()
+    if args.only == "pieces":
+        print(json.dumps(pieces()), flush=True)
+        return
     repos = {"this": REPO, **({"before": args.before} if args.before else {})}
     res: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_avg_start": os.getloadavg(), "note": args.note,
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-        "memory": [], "per_call": [], "recovery": None}
+        "memory": [], "per_call": [], "recovery": None, "pieces": None}
     for tenants, per_tenant in ((1, 1024), (8, 128), (8, 100)):
         for label, repo in repos.items():
             row = {"checkout": label, **memory(repo, tenants, per_tenant),
@@ -201,6 +255,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     res["recovery"] = recovery()
     print(json.dumps({"recovery": res["recovery"]}), flush=True)
+    res["pieces"] = pieces()
+    print(json.dumps({"pieces": res["pieces"]}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
 

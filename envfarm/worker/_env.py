@@ -62,9 +62,10 @@ class WorkerOptions:
     cpu_check_s: float = 1.0
     idle_cpu_share: float = 0.25
     busy_cpu_share: float = 2.0
-    #: Bytes of its leases' committed state the front keeps per worker (None: ``memory_mb``,
-    #: what the worker itself may hold); a worker whose leases grow past it is killed.
-    kept_bytes_per_worker: int | None = None
+    #: Bytes of its leases' committed state (pages they wrote) the front keeps per worker:
+    #: a worker whose leases grow past it is killed, the lease that crossed it lost. AWM's
+    #: databases are ~0.3 MB and an episode writes a few pages: 4 MiB a lease on average.
+    kept_bytes_per_worker: int = 256 << 20
 
     def worker_config(self) -> dict[str, Any]:
         from envfarm.jail import worker_identity  # root: each worker gets a uid of its own
@@ -126,8 +127,6 @@ class WorkerEnv:
         self._cpu = CpuWatch(options.idle_cpu_share, options.busy_cpu_share)
         self._watching: asyncio.TimerHandle | None = None
         self._closing = False
-        self.kept_budget = (options.kept_bytes_per_worker if options.kept_bytes_per_worker
-                            is not None else options.memory_mb << 20)
 
     def _spawn(self, probe: bool = False) -> tuple[WorkerProcess, dict[str, Any], bytes]:
         worker = (self.spares.take() if self.spares is not None
@@ -243,7 +242,7 @@ class WorkerEnv:
     def keep(self, worker: WorkerProcess, grown: int) -> bool:
         """Count ``grown`` more bytes of state kept for ``worker``'s leases: within budget?"""
         worker.kept_bytes += grown
-        return worker.kept_bytes <= self.kept_budget
+        return worker.kept_bytes <= self.options.kept_bytes_per_worker
 
     def _worker_lost(self, worker: WorkerProcess) -> None:
         """Its leases move on at their next request (``RemoteInstance``): nothing to do now."""

@@ -85,9 +85,12 @@ class RemoteInstance:
             answer = reply.get("rlen", len(payload))
             try:
                 result = CallResult.model_validate_json(payload[:answer])
+            except ValidationError:
+                raise self._guilty("sent a malformed call result") from None
+            try:
                 self._commit(payload[answer:])
-            except (ValidationError, _frames.FrameError) as exc:
-                raise self._guilty(f"sent a malformed call result ({type(exc).__name__})")
+            except _frames.FrameError as exc:
+                raise self._guilty(str(exc)) from None
             return result
 
     async def reset(self) -> None:
@@ -106,7 +109,9 @@ class RemoteInstance:
         if delta:
             grown = self.state.apply(delta)
             if not self.env.keep(self.worker, grown):
-                raise _frames.FrameError("its leases' state is over the worker's byte budget")
+                raise _frames.FrameError(
+                    f"its leases' state passed the worker's byte budget of "
+                    f"{self.env.options.kept_bytes_per_worker} bytes (instance {self.inst})")
 
     def _guilty(self, why: str) -> WorkerLost:
         """This lease's own answer broke the rules: the worker is killed (the other requests

@@ -72,6 +72,16 @@ async def nap_then_note(seconds: float, title: str):
     return {"noted": title}
 
 
+@app.post("/t/bloat", operation_id="bloat")
+async def bloat(kib: int):
+    """Grow this lease's database by ``kib`` KiB (in one note's title)."""
+    session = SessionLocal()
+    session.add(Note(title="b" * (kib << 10), owner_id=1))
+    session.commit()
+    session.close()
+    return {"grew_kib": kib}
+
+
 @app.post("/t/hang", operation_id="hang_in_c")
 async def hang_in_c(after: float = 0.0):
     await _asyncio.sleep(after)

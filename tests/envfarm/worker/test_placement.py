@@ -209,3 +209,24 @@ def test_a_killed_workers_pipes_are_closed_once(tmp_path):
     closes = trace.read_text().splitlines()
     assert sum("close(" in line for line in closes) > 20  # it did see the closes
     assert [line for line in closes if "EBADF" in line] == []
+
+
+async def test_leases_state_past_the_workers_byte_budget_loses_the_lease_that_crossed_it(bundle):
+    """Issue 34 §4: the front keeps what the worker's leases wrote, within a per-worker budget;
+    the call whose pages cross it loses its lease (typed), the others carry on elsewhere."""
+    from tests.envfarm.worker.conftest import catalog
+    from tests.envfarm.worker.tenancy_env import CODE
+    from envfarm.worker import WorkerLost
+
+    env = WorkerEnv(catalog(t=CODE)["t"], WorkerOptions(
+        probe_module_state=False, kept_bytes_per_worker=1 << 20), warm=1)
+    try:
+        greedy, other = await env.acquire(), await env.acquire()
+        assert (await other.call("bloat", {"kib": 256})).ok  # within the budget
+        with pytest.raises(WorkerLost, match="byte budget"):
+            await greedy.call("bloat", {"kib": 2048})
+        assert greedy.lost and other.lost is None
+        res = await other.call("list_notes", {})
+        assert res.ok and len(res.result[-1]["title"]) == 256 << 10  # its state, moved
+    finally:
+        await env.aclose()
