@@ -13,12 +13,11 @@ import pytest
 
 from tests.envfarm.serve.conftest import _start
 from tests.envfarm.toy_env import SAMPLE, SCHEMA
-from tests.envfarm.worker.farm_api import batch, gone, lease
+from tests.envfarm.worker.farm_api import KEYS, batch, gone, lease, two_tenants
 from tests.envfarm.worker.tenancy_env import CODE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ENV = "tenancy"
-KEYS = {"alpha": "efk_alpha-0123456789abcdef", "beta": "efk_beta-0123456789abcdef"}
 
 
 def _write_catalog(folder: Path) -> None:
@@ -35,22 +34,13 @@ def _write_catalog(folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def serve_farm(tmp_path_factory) -> Iterator[object]:
-    from envfarm.farm import (
-        FarmConfig,
-        PoolConfig,
-        Tenant,
-        TenantsConfig,
-        free_port,
-        hash_key,
-    )
+    from envfarm.farm import FarmConfig, PoolConfig, free_port
     from envfarm.serve import DeploymentOptions, ServeOptions
 
     folder = tmp_path_factory.mktemp("tenancy_catalog")
     _write_catalog(folder)
-    tenants = TenantsConfig(require_key=False, tenants=[
-        Tenant(name=name, key_sha256=hash_key(key)) for name, key in KEYS.items()])
     config = FarmConfig(catalog=str(folder), pool=PoolConfig(warm=2), call_timeout_s=1.5,
-                        leases_per_worker=8, check_module_state=False, tenants=tenants)
+                        leases_per_worker=8, check_module_state=False, tenants=two_tenants())
     farm = _start(config, ServeOptions(port=free_port(), num_cpus=2,
                                        deployment=DeploymentOptions(num_replicas=1)))
     try:

@@ -6,6 +6,10 @@ from typing import Any
 
 import httpx
 
+from envfarm.farm import Tenant, TenantsConfig, hash_key
+
+#: Two tenants' farm API keys; keyless requests are a third tenant (``anonymous``).
+KEYS = {"alpha": "efk_alpha-0123456789abcdef", "beta": "efk_beta-0123456789abcdef"}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
 
@@ -47,6 +51,12 @@ class Lease:
 
     async def release(self) -> httpx.Response:
         return await self.http.delete(self.path, headers=self.auth)
+
+
+def two_tenants() -> TenantsConfig:
+    """``KEYS``' tenants, on a farm that also leases without a key."""
+    return TenantsConfig(require_key=False, tenants=[
+        Tenant(name=name, key_sha256=hash_key(key)) for name, key in KEYS.items()])
 
 
 async def lease(http: httpx.AsyncClient, env: str, key: str | None = None,

@@ -12,18 +12,16 @@ import asyncio
 import os
 import time
 
-import httpx
 import pytest
 
 from envfarm.compose import LocalFarm
-from envfarm.farm import FarmConfig, PoolConfig, Tenant, TenantsConfig, hash_key
+from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.models import Verifier
 from tests.envfarm.worker.conftest import catalog
-from tests.envfarm.worker.farm_api import lease
+from tests.envfarm.worker.farm_api import KEYS, lease, two_tenants
 from tests.envfarm.worker.tenancy_env import CODE
 
 pytestmark = pytest.mark.slow
-KEYS = {"alpha": "efk_alpha-0123456789abcdef", "beta": "efk_beta-0123456789abcdef"}
 VERIFY_S = 0.25
 SLOW_VERIFIER = f"""
 import time
@@ -39,20 +37,13 @@ def farm():
     cat = catalog(tenancy=CODE)
     cat.bundles["tenancy"] = cat.bundles["tenancy"].model_copy(update={
         "code_verifiers": {0: Verifier(task_idx=0, code=SLOW_VERIFIER)}})
-    tenants = TenantsConfig(require_key=False, tenants=[
-        Tenant(name=name, key_sha256=hash_key(key)) for name, key in KEYS.items()])
+    tenants = two_tenants()
     farm = LocalFarm(FarmConfig(pool=PoolConfig(warm=2), call_timeout_s=2.0,
                                 leases_per_worker=64, check_module_state=False,
                                 tenants=tenants), catalog=cat).start(timeout_s=120)
     yield farm
     farm.stop()
 
-
-@pytest.fixture
-async def http(farm):
-    async with httpx.AsyncClient(base_url=farm.url, timeout=120,
-                                 limits=httpx.Limits(max_connections=500)) as client:
-        yield client
 
 
 async def _verify(held) -> tuple[float, dict]:

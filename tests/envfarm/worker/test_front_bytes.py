@@ -16,16 +16,13 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
-import httpx
 import pytest
 
-from envfarm.farm import Tenant, TenantsConfig, hash_key
 from tests.envfarm.worker.conftest import start_farm
-from tests.envfarm.worker.farm_api import gone, lease
+from tests.envfarm.worker.farm_api import KEYS, gone, lease, two_tenants
 from tests.envfarm.worker.tenancy_env import CODE
 
 pytestmark = pytest.mark.slow
-KEYS = {"alpha": "efk_alpha-0123456789abcdef", "beta": "efk_beta-0123456789abcdef"}
 CALL_TIMEOUT_S = 5.0
 #: What the front may grow by while it refuses a 60 MiB frame (it used to hold GiBs).
 RSS_SLACK_KB = 100 << 10
@@ -35,19 +32,13 @@ BYSTANDER_MAX_S = 1.0
 
 @pytest.fixture(scope="module")
 def farm():
-    tenants = TenantsConfig(require_key=False, tenants=[
-        Tenant(name=name, key_sha256=hash_key(key)) for name, key in KEYS.items()])
+    tenants = two_tenants()
     farm = start_farm({"tenancy": CODE, "other": CODE}, call_timeout_s=CALL_TIMEOUT_S,
                       leases_per_worker=8, check_module_state=False, tenants=tenants,
                       spare_workers=2)
     yield farm
     farm.stop()
 
-
-@pytest.fixture
-async def http(farm):
-    async with httpx.AsyncClient(base_url=farm.url, timeout=60) as client:
-        yield client
 
 
 def _peak_rss_kb() -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from envfarm.compose import compose_core
@@ -32,11 +31,6 @@ def farm():
     yield farm
     farm.stop()
 
-
-@pytest.fixture
-async def http(farm):
-    async with httpx.AsyncClient(base_url=farm.url, timeout=30) as client:
-        yield client
 
 
 async def _neighbours(http) -> tuple:

@@ -10,33 +10,24 @@ code; across tenants, never.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from envfarm.farm import Tenant, TenantsConfig, hash_key
 from tests.envfarm.worker.conftest import start_farm
-from tests.envfarm.worker.farm_api import lease
+from tests.envfarm.worker.farm_api import KEYS, lease, two_tenants
 from tests.envfarm.worker.tenancy_env import CODE
 
 pytestmark = pytest.mark.slow
-KEYS = {"alpha": "efk_alpha-0123456789abcdef", "beta": "efk_beta-0123456789abcdef"}
 FORGED = "forged-by-a-neighbour"
 
 
 @pytest.fixture(scope="module")
 def farm():
-    tenants = TenantsConfig(require_key=False, tenants=[
-        Tenant(name=name, key_sha256=hash_key(key)) for name, key in KEYS.items()])
+    tenants = two_tenants()
     farm = start_farm({"tenancy": CODE, "shared": CODE}, call_timeout_s=2.0,
                       leases_per_worker=8, check_module_state=False, tenants=tenants)
     yield farm
     farm.stop()
 
-
-@pytest.fixture
-async def http(farm):
-    async with httpx.AsyncClient(base_url=farm.url, timeout=30) as client:
-        yield client
 
 
 async def test_a_worker_holds_the_leases_of_one_tenant_only(http, farm):
