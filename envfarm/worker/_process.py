@@ -354,24 +354,7 @@ class WorkerProcess:
         return self._busy_s + (time.monotonic() - self._busy_from if self._flights else 0.0)
 
     def cpu_seconds(self) -> float | None:
-        """Seconds its threads were runnable (on a CPU or waiting for one: a spinning thread
-        counts fully on a contended host too), or CPU time where the kernel keeps no
-        schedstat; None if it is gone."""
-        total, root = 0, f"/proc/{self.pid}/task"
-        try:
-            tids = os.listdir(root)
-        except OSError:
-            return None
-        for tid in tids:
-            try:
-                with open(f"{root}/{tid}/schedstat", "rb") as f:
-                    ran, waited, _ = f.read().split()
-            except (OSError, ValueError):
-                return self._cpu_time()
-            total += int(ran) + int(waited)
-        return total / 1e9
-
-    def _cpu_time(self) -> float | None:
+        """CPU time its threads used (one read of ``/proc/<pid>/stat``); None if it is gone."""
         try:
             with open(f"/proc/{self.pid}/stat", "rb") as f:
                 stat = f.read()
@@ -379,6 +362,25 @@ class WorkerProcess:
             return None
         fields = stat[stat.rfind(b")") + 2:].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def runnable_seconds(self) -> float | None:
+        """Seconds its threads were runnable: on a CPU or waiting for one (a thread spinning on
+        a contended host counts fully); None if it is gone or the kernel keeps no schedstat."""
+        root = f"/proc/{self.pid}/task"
+        try:
+            tids = os.listdir(root)
+        except OSError:
+            return None
+        total, read = 0, 0
+        for tid in tids:
+            try:
+                with open(f"{root}/{tid}/schedstat", "rb") as f:
+                    ran, waited, _ = f.read().split()
+            except (OSError, ValueError):  # a thread that ended meanwhile
+                continue
+            total += int(ran) + int(waited)
+            read += 1
+        return total / 1e9 if read else None
 
     def _on_eof(self) -> None:
         if self.lost is None:

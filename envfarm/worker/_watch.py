@@ -8,10 +8,11 @@ contended host gets a fraction of a core but is runnable all the time) and the w
 had a request in flight. It may be runnable ``idle_share`` of the time while idle and
 ``busy_share`` while busy (a per-call budget proportional to each call's wall time). What it
 uses beyond that fills a bucket that what it leaves unused empties: a worker whose bucket
-passes ``burst_s`` seconds is killed (a spinning thread within a second or two; a collector
-pass never). It also kills a worker that left a request whose caller
-went away unanswered past its deadline (no caller's deadline watches that one). The worker's
-leases then move on (``RemoteInstance``): none of them had a call in flight that can be blamed.
+passes ``burst_s`` seconds is killed (a spinning thread within two or three looks; a collector
+pass never). A worker whose CPU time barely moved since the last look costs one read
+(``/proc/<pid>/stat``), not one per thread. The watch also kills a worker that left a request
+whose caller went away unanswered past its deadline (no caller's deadline watches that one).
+A killed worker's leases move on (``RemoteInstance``): no call of theirs can be blamed.
 """
 
 from __future__ import annotations
@@ -20,19 +21,34 @@ import time
 
 from envfarm.worker._process import WorkerProcess
 
+#: CPU share below which a worker is quiet: its runnable time is not read (a spinner, however
+#: starved, gets more than this on any host worth serving from).
+_QUIET_SHARE = 0.02
+
+
+class _Mark:
+    """What the watch saw of one worker: at the last look (CPU), and at the last look that read
+    its runnable time (None: none since it was quiet), with the seconds over its allowance."""
+
+    __slots__ = ("cpu", "when", "runnable", "busy", "runnable_when", "over")
+
+    def __init__(self, cpu: float, when: float) -> None:
+        self.cpu, self.when = cpu, when
+        self.runnable: float | None = None
+        self.busy = self.runnable_when = self.over = 0.0
+
 
 class CpuWatch:
-    """Per-worker CPU marks and the rule they are judged by."""
+    """Per-worker marks and the rule they are judged by."""
 
     def __init__(self, idle_share: float, busy_share: float, burst_s: float = 0.5) -> None:
         self.idle_share = idle_share
         self.busy_share = busy_share
         self.burst_s = burst_s
-        #: pid -> (cpu, busy, when) at the last look, and the CPU-seconds over the allowance
-        self._marks: dict[int, tuple[float, float, float, float]] = {}
+        self._marks: dict[int, _Mark] = {}
 
     def look(self, workers: list[WorkerProcess]) -> None:
-        """Judge each attached worker's CPU since the last look; kill runaways."""
+        """Judge each attached worker since the last look; kill runaways."""
         seen = set()
         for worker in workers:
             if worker.lost is not None:
@@ -47,19 +63,31 @@ class CpuWatch:
     def _runaway(self, worker: WorkerProcess) -> str | None:
         if worker.overdue():
             return "left a request past its deadline unanswered (its caller went away)"
-        cpu, busy, now = worker.cpu_seconds(), worker.busy_seconds(), time.monotonic()
+        cpu, now = worker.cpu_seconds(), time.monotonic()
         if cpu is None:
             return None
         mark = self._marks.get(worker.pid)
         if mark is None:
-            self._marks[worker.pid] = (cpu, busy, now, 0.0)
+            self._marks[worker.pid] = _Mark(cpu, now)
             return None
-        burnt, busy_s, wall = cpu - mark[0], busy - mark[1], now - mark[2]
+        quiet = cpu - mark.cpu <= _QUIET_SHARE * (now - mark.when) and not mark.over
+        mark.cpu, mark.when = cpu, now
+        if quiet:
+            mark.runnable = None  # the next busy look starts a new span
+            return None
+        runnable, busy = worker.runnable_seconds(), worker.busy_seconds()
+        if runnable is None:  # no schedstat here: CPU time is the best there is
+            runnable = cpu
+        if mark.runnable is None:
+            mark.runnable, mark.busy, mark.runnable_when = runnable, busy, now
+            return None
+        used, busy_s = runnable - mark.runnable, busy - mark.busy
+        wall = now - mark.runnable_when
         allowed = self.idle_share * (wall - busy_s) + self.busy_share * busy_s
-        over = max(0.0, mark[3] + burnt - allowed)
-        self._marks[worker.pid] = (cpu, busy, now, over)
-        if over <= self.burst_s:
+        mark.over = max(0.0, mark.over + used - allowed)
+        mark.runnable, mark.busy, mark.runnable_when = runnable, busy, now
+        if mark.over <= self.burst_s:
             return None
-        return (f"was runnable {burnt:.2f} s of {wall:.2f} s with a request in flight for "
-                f"{busy_s:.2f} s of it ({over:.2f} s over its allowance by now): code no call "
-                "asked for runs there")
+        return (f"was runnable {used:.2f} s of {wall:.2f} s with a request in flight for "
+                f"{busy_s:.2f} s of it ({mark.over:.2f} s over its allowance by now): code no "
+                "call asked for runs there")
