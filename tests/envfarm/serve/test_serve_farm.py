@@ -210,7 +210,17 @@ def test_env_workers_under_serve_run_as_uids_of_their_own(serve_farm):
     worker has (issue 34)."""
     import psutil
 
-    uids = [p.uids().real for p in psutil.Process().children(recursive=True)
-            if "envfarm.worker" in " ".join(p.cmdline())]
-    assert len(uids) >= REPLICAS
+    # Leases on several replicas, so several replicas have a worker (the replica an earlier test
+    # killed may not take leases yet).
+    with httpx.Client(base_url=serve_farm.url, timeout=60) as c:
+        infos = [c.post(f"/envs/{ENV}/leases", json={}).json() for _ in range(6 * REPLICAS)]
+        replicas = len({i["lease_id"].split("-")[0] for i in infos})
+        assert replicas >= 2
+        try:
+            uids = [p.uids().real for p in psutil.Process().children(recursive=True)
+                    if "envfarm.worker" in " ".join(p.cmdline())]
+        finally:
+            for info in infos:
+                c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=auth(info))
+    assert len(uids) >= replicas
     assert all(uid >= 0x7000_0000 for uid in uids) and len(set(uids)) == len(uids), uids
