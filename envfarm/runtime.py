@@ -143,6 +143,18 @@ class Instance:
         """The current state as SQLite database bytes."""
         return self.conn.serialize()
 
+    def restore(self, data: bytes) -> None:
+        """Take the state of ``data`` (another instance's ``snapshot``: a fork); a later
+        ``reset`` still goes back to the template. ``sqlite3.DatabaseError`` if ``data`` is
+        not a database this env can read (the instance is then fresh, not half-restored)."""
+        try:
+            self._restore(data)
+            with self.fence.host():
+                self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError:
+            self.reset()
+            raise
+
     def initial_snapshot(self) -> bytes:
         return self.runtime.template.data
 

@@ -37,6 +37,7 @@ from envfarm.wire import (
     EnvDetail,
     EnvSummary,
     ErrorBody,
+    ForkRequest,
     Health,
     LeaseBatchRequest,
     LeaseInfo,
@@ -67,6 +68,11 @@ _key = [Depends(APIKeyHeader(name="X-Envfarm-Key", auto_error=False,
 class Which(str, Enum):
     current = "current"
     initial = "initial"
+
+
+class Rendering(str, Enum):
+    exact = "exact"
+    mcp = "mcp"
 
 
 def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
@@ -155,8 +161,16 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
 
     @app.get("/envs/{env}/leases/{lease_id}/tools", response_model=list[ToolSpec],
              tags=["leases"], responses=lease_errors, dependencies=_auth)
-    async def tools(request: Request, env: EnvName, lease_id: LeaseId) -> list[ToolSpec]:
-        return core.tools(lease_of(request, env, lease_id))
+    async def tools(request: Request, env: EnvName, lease_id: LeaseId,
+                    rendering: Annotated[Rendering, Query(alias="as")] = Rendering.exact
+                    ) -> list[ToolSpec]:
+        """The lease's tools: their exact schemas, or ``?as=mcp`` as MCP lists them (AWM's
+        fastapi-mcp rendering, what the OpenEnv endpoint lists)."""
+        lease = lease_of(request, env, lease_id)
+        if rendering is Rendering.mcp:
+            lease.agent_requests += 1
+            return core.tool_specs[lease.env]
+        return core.tools(lease)
 
     @app.post("/envs/{env}/leases/{lease_id}/call", response_model=CallResult, tags=["leases"],
               responses=lease_errors | {k: _ERRORS[k] for k in (413, 422)},
@@ -189,6 +203,16 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
                 else await core.snapshot(lease))
         return Response(data, media_type="application/vnd.sqlite3", headers={
             "Content-Disposition": f'attachment; filename="{lease_id}-{which.value}.db"'})
+
+    @app.post("/envs/{env}/leases/{lease_id}/fork", response_model=LeaseInfo, status_code=201,
+              tags=["leases"], responses=lease_errors | {k: _ERRORS[k] for k in (422, 503)},
+              dependencies=_auth)
+    async def fork(request: Request, env: EnvName, lease_id: LeaseId,
+                   req: Annotated[ForkRequest | None, Body()] = None) -> LeaseInfo:
+        """A new lease of the same tenant and task whose database is this lease's state now
+        (its steps so far kept for verification); this lease goes on untouched."""
+        return await core.fork(lease_of(request, env, lease_id), req or ForkRequest(),
+                               base_url(request))
 
     @app.delete("/envs/{env}/leases/{lease_id}", response_model=ReleaseResponse,
                 tags=["leases"], responses=lease_errors, dependencies=_auth)
