@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 OPENENV_PATH = "/ws"
 #: The hidden tools: answered by the session, never listed.
 DONE, VERIFY, LIST_SCENARIOS, FORK = "done", "verify", "__list_scenarios__", "fork"
+#: Releases under way (held so a cancelled handler's release runs to its end).
+_RELEASING: set[asyncio.Task[None]] = set()
 #: How long a refused connection stays open for its client to read why.
 REFUSAL_WAIT_S = 5.0
 #: Largest message a session reads (a step is a tool call; the lease API's body limit is 1 MiB).
@@ -336,8 +338,15 @@ async def serve_socket(websocket: WebSocket, api: LeaseAPI) -> None:
     except WebSocketDisconnect:
         pass
     finally:
-        await session.release()
-        await _close(websocket)
+        # Its own task: a server that cancels the handler when the client goes (Serve does)
+        # must not cancel the release with it.
+        release = asyncio.get_running_loop().create_task(session.release())
+        _RELEASING.add(release)
+        release.add_done_callback(_RELEASING.discard)
+        try:
+            await asyncio.shield(release)
+        finally:
+            await _close(websocket)
 
 
 async def _refuse(websocket: WebSocket, exc: EnvfarmError) -> None:

@@ -1,9 +1,7 @@
 """The OpenEnv endpoint (``/ws``) driven by openenv-core's own client against a running farm.
 
 ``MCPToolClient`` is used unchanged where it reads what an AWM server sends (rewards, tool
-listings, ``metadata``); ``AWMShaped`` is the same client with only ``_parse_result`` replaced
-by a strict model of the observation fields OpenEnv's AWM env documents (any other field fails),
-which is how OpenEnv's ``AWMEnv`` reads them. With ``ENVFARM_AWM_ENV_PATH`` set to the ``envs``
+listings, ``metadata``); ``AWMShaped`` (openenv_client.py) reads the AWM fields besides. With ``ENVFARM_AWM_ENV_PATH`` set to the ``envs``
 folder of a checkout of meta-pytorch/OpenEnv, the real ``AWMEnv`` runs an episode too.
 """
 
@@ -21,49 +19,17 @@ import pytest
 openenv = pytest.importorskip("openenv.core.mcp_client",
                               reason="openenv-core is not installed (pip install '.[openenv]')")
 
-from openenv.core.client_types import StepResult  # noqa: E402
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction  # noqa: E402
-from openenv.core.env_server.types import Observation  # noqa: E402
-from pydantic import ConfigDict  # noqa: E402
 
 from envfarm.client import openenv_base_url  # noqa: E402
 from envfarm.compose import LocalFarm  # noqa: E402
 from envfarm.farm import FarmConfig, PoolConfig, Quota, Tenant, TenantsConfig, hash_key  # noqa: E402
 from tests.envfarm.farm.conftest import ENV  # noqa: E402
+from tests.envfarm.farm.openenv_client import AWMShaped  # noqa: E402
 
 MCPToolClient = openenv.MCPToolClient
 TASK = 4  # search, create_wishlist, add_hotel_to_wishlist x2 (the reference solution)
 KEY, OTHER_KEY = "efk_openenv_test_key", "efk_openenv_other_key"
-
-
-class AWMFields(Observation):
-    """The observation fields of OpenEnv's AWM env (its README's table), nothing else."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reward_type: str | None = None
-    scenario: str | None = None
-    task: str | None = None
-    task_idx: int | None = None
-    has_verifier: dict | None = None
-    num_tools: int | None = None
-    tool_name: str | None = None
-    tool_result: Any = None
-    error: str | None = None
-    warning: str | None = None
-    verify_result: dict | None = None
-    steps_taken: int | None = None
-    scenarios: list | None = None
-    total: int | None = None
-    trajectory_path: str | None = None
-    session_dir: str | None = None
-    tools: list | None = None
-
-
-class AWMShaped(MCPToolClient):
-    def _parse_result(self, payload: dict[str, Any]) -> StepResult:
-        return StepResult(observation=AWMFields(**payload.get("observation", {})),
-                          reward=payload.get("reward"), done=payload.get("done", False))
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +79,8 @@ async def test_observations_are_awm_shaped(url, bundled_catalog):
         assert obs.task == bundled_catalog[ENV].tasks[TASK]
         assert obs.has_verifier == {"sql": True, "code": True} and obs.num_tools > 10
         listed = (await env.step(ListToolsAction())).observation
-        assert listed.tools and set(listed.tools[0]) == {"name", "description", "input_schema"}
+        assert len(listed.tools) == obs.num_tools and listed.tools[0].input_schema
+        assert listed.error is None
         step = bundled_catalog[ENV].solutions[TASK][0]
         res = await env.step(CallToolAction(tool_name=step.tool, arguments=step.arguments))
         assert res.observation.reward_type == "tool_call_ok" and res.reward == 0.0
