@@ -4,7 +4,6 @@ session whose reward is the farm's verification."""
 
 from __future__ import annotations
 
-
 import pytest
 
 pytest.importorskip("trl", reason="trl is not installed (pip install '.[openenv]')")
