@@ -25,6 +25,7 @@ from envfarm.errors import (
     LeaseGone,
     LeaseNotFound,
     LeaseUnauthorized,
+    PoolExhausted,
     TaskNotFound,
 )
 from envfarm.farm._capability import mcp_path
@@ -302,7 +303,8 @@ class FarmCore:
                    ) -> LeaseInfo:
         """A new lease of the parent's tenant (its quota admits it) and task, whose database is
         the parent's now and whose steps and env errors so far are the parent's; the parent
-        goes on untouched. Cost: a snapshot, an instance and a restore (no reset)."""
+        goes on untouched. Cost: an instance and a copy of the database (inside the worker when
+        the child lands on the parent's), no reset."""
         started = time.perf_counter()
         served = self.envs[parent.env]
         if getattr(served, "per_lease", False):
@@ -314,11 +316,16 @@ class FarmCore:
         self.tenants.admit_leases(parent.tenant)
         opened = False
         try:
-            data = await self.snapshot(parent)  # under the parent's lock: one moment
             instance = await served.acquire()
-            try:
-                await instance.restore(data)
-            except (EnvfarmError, WorkerLost):
+            try:  # the parent's state at one moment: read under its lock
+                await instance.copy_from(self.held(parent).instance)
+            except WorkerLost as exc:
+                served.release(instance)
+                if parent.instance.lost is not None:
+                    raise self._lost(parent, exc.reason) from None
+                raise PoolExhausted(f"env {parent.env!r}: the fork's worker was lost "
+                                    f"({exc.reason}); retry", env=parent.env) from None
+            except EnvfarmError:
                 served.release(instance)
                 raise
             child = self._register(parent.env, instance, parent.task_idx, req.ttl_s,

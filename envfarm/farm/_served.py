@@ -7,7 +7,8 @@
   or reviewed yourself, and as the baseline the benchmarks compare the boundary against.
 
 Both hand out instance handles with the same async surface: ``call``, ``reset``, ``snapshot``,
-``restore`` (a fork), ``initial_snapshot``, ``tools`` and ``lost`` (why its state is gone, or None).
+``restore``/``copy_from`` (a fork), ``initial_snapshot``, ``tools`` and ``lost`` (why its
+state is gone, or None).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class InstanceHandle(Protocol):
     async def reset(self) -> None: ...
     async def snapshot(self) -> bytes: ...
     async def restore(self, data: bytes) -> None: ...
+    async def copy_from(self, other: Any) -> None: ...
     def initial_snapshot(self) -> bytes: ...
 
 
@@ -77,6 +79,9 @@ class LocalInstance:
     async def snapshot(self) -> bytes:
         async with self.inst.lock:
             return self.inst.snapshot()
+
+    async def copy_from(self, other: LocalInstance) -> None:
+        await self.restore(await other.snapshot())
 
     async def restore(self, data: bytes) -> None:
         async with self.inst.lock:

@@ -327,6 +327,20 @@ class RemoteInstance:
             raise EnvLoadError(f"env {self.env.name!r}: not a database image", env=self.env.name)
         reply, _ = await self._ask({"op": "restore"}, self.env.options.deadline_grace_s + 5,
                                    payload=data)
+        self._restored(reply)
+
+    async def copy_from(self, other: RemoteInstance) -> None:
+        """Take ``other``'s state now (a fork): inside the worker when both live in the same one
+        (no bytes cross the channel), else through the front."""
+        if other.worker is not self.worker:
+            await self.restore(await other.snapshot())
+            return
+        async with other._lock:  # after the parent's calls already sent, before its next ones
+            reply, _ = await self._ask({"op": "clone", "src": other.inst},
+                                       self.env.options.deadline_grace_s + 5)
+        self._restored(reply)
+
+    def _restored(self, reply: dict[str, Any]) -> None:
         if not reply.get("restored"):
             raise EnvLoadError(f"env {self.env.name!r}: the worker could not restore the "
                                f"state ({str(reply.get('error'))[:200]})", env=self.env.name)

@@ -170,3 +170,41 @@ async def test_fork_across_confined_workers(bundled_catalog):
             await spare_inst.restore(b"not a database")
         assert spare_inst.worker.lost is None
         assert await spare.call("list_wishlists", {}) is not None
+
+
+async def test_fork_within_one_worker_copies_inside_it(bundled_catalog):
+    """Parent and child on the same worker: the state is cloned there (no bytes through the
+    front), at the moment of the fork; the parent goes on untouched."""
+    from envfarm.compose import compose_core
+
+    config = FarmConfig(envs=[ENV], pool=PoolConfig(warm=1), check_module_state=False)
+    core = compose_core(config, catalog=bundled_catalog)
+    app = build_app(core)
+    steps = bundled_catalog[ENV].solutions[TASK]
+    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as farm:
+        lease = await farm.acquire(ENV, task_idx=TASK)
+        for step in steps[:3]:
+            await lease.call(step.tool, step.arguments)
+        before = await lease.snapshot()
+        child = await lease.fork()
+        assert core.leases[child.lease_id].instance.worker is \
+            core.leases[lease.lease_id].instance.worker
+        assert await child.snapshot() == before
+        await child.call(steps[3].tool, steps[3].arguments)
+        assert (await child.verify()).reward == 1.0
+        assert await lease.snapshot() == before
+
+
+def test_an_unreadable_image_fails_the_call_not_the_host(hotel_runtime):
+    """A restored image with a whole header but garbage pages: the first call is an env_error
+    (the episode invalid), the instance resets to a working state."""
+    inst = hotel_runtime.instance()
+    good = inst.snapshot()
+    with pytest.raises(sqlite3.DatabaseError):
+        inst.restore(b"garbage" * 100)
+    inst.restore(good[:100] + b"\x07" * (len(good) - 100))
+    res = inst.call_sync("list_wishlists", {})
+    assert not res.ok and res.error.kind == "env_error"
+    inst.reset()
+    assert inst.call_sync("list_wishlists", {}).ok
+    inst.close()
