@@ -140,9 +140,12 @@ async def measure(name: str, url: str, pid: int, client_cls: type, args: argpars
                                               args.concurrency, args.env, args.task)
         held += more
         print(f"  {name}: {len(held)} sessions held", file=sys.stderr)
+    at_max = tree_pss(pid)
     out.update({"max_held": len(held), "ramp_cap": cap, "ramp_ended_by_failure": bool(failed),
                 "first_failure": FIRST_FAILURE[0] if FIRST_FAILURE else None,
-                "mib_at_max": round(tree_pss(pid) / 2**20, 1)})
+                "mib_at_max": round(at_max / 2**20, 1),
+                "mib_per_session_at_max": round((at_max - base) / 2**20 / max(len(held), 1),
+                                                3)})
     FIRST_FAILURE.clear()
     await asyncio.gather(*(c.close() for c in held), return_exceptions=True)
     return out
@@ -211,12 +214,15 @@ async def main() -> None:
         finally:
             stop(peer)
     free = psutil.virtual_memory().available
-    for r in rows:
-        r["est_max_by_memory"] = int(free / max(r["mib_per_session"] * 2**20, 1))
-    print("| server | sessions/s | MiB per open session | held at once (cap) | base MiB |")
+    for r in rows:  # at scale a session also carries its share of the processes serving it
+        per = max(r["mib_per_session"], r["mib_per_session_at_max"])
+        r["est_max_by_memory"] = int(free / max(per * 2**20, 1))
+    print("| server | sessions/s | MiB per open session (at the cap) | held at once (cap) "
+          "| base MiB |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['server']} | {r['sessions_per_s']} | {r['mib_per_session']} | "
+        print(f"| {r['server']} | {r['sessions_per_s']} | {r['mib_per_session']} "
+              f"({r['mib_per_session_at_max']}) | "
               f"{r['max_held']} ({r['ramp_cap']}{', a session failed' if r['ramp_ended_by_failure'] else ''}) | "
               f"{r['base_mib']} |")
     if not args.quick:

@@ -140,11 +140,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="checkpoint; default: the tiny model")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--generations", type=int, default=2)
+    parser.add_argument("--completion-tokens", type=int, default=32,
+                        help="tokens of a whole multi-turn completion (tool results included)")
+    parser.add_argument("--vllm", action="store_true",
+                        help="GPU: generate with vLLM colocated (pip install 'trl[vllm]')")
     parser.add_argument("--out-dir", default="runs/trl_openenv")
     a = parser.parse_args(argv)
-    cpu = a.model is None
+    config: dict[str, Any] = {"use_cpu": a.model is None and not a.vllm}
+    if a.vllm:
+        config.update(use_vllm=True, vllm_mode="colocate", bf16=True)
     for row in train(a.url, a.env, model=a.model, key=a.key, steps=a.steps,
-                     generations=a.generations, out_dir=a.out_dir, use_cpu=cpu):
+                     generations=a.generations, completion_tokens=a.completion_tokens,
+                     out_dir=a.out_dir, **config):
         print(json.dumps(row))
 
 
