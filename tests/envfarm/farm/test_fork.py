@@ -5,12 +5,23 @@ untouched; forks of forks; in-process and across confined workers."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
 from envfarm.client import ASGITransport, Farm, LeaseLost
+from envfarm.compose import compose_core
 from envfarm.errors import EnvLoadError, QuotaExceeded
-from envfarm.farm import FarmConfig, PoolConfig, Tenant, TenantsConfig, build_app, hash_key
+from envfarm.farm import (
+    FarmConfig,
+    FarmCore,
+    PoolConfig,
+    Tenant,
+    TenantsConfig,
+    build_app,
+    hash_key,
+)
 from tests.envfarm.farm.conftest import ENV, lifespan_running, new_lease
 
 TASK = 4  # search, create_wishlist, add_hotel_to_wishlist x2 (the reference solution)
@@ -138,17 +149,21 @@ async def test_a_fork_counts_against_the_parents_tenant(make_core):
             await lease.fork()
 
 
+@asynccontextmanager
+async def worker_farm(catalog, **config) -> AsyncIterator[tuple[FarmCore, Farm]]:
+    """A farm whose env code runs in confined workers, in-process over ASGI."""
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1),
+                                   check_module_state=False, **config), catalog=catalog)
+    app = build_app(core)
+    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as farm:
+        yield core, farm
+
+
 async def test_fork_across_confined_workers(bundled_catalog):
     """Each lease gets a worker of its own (leases_per_worker=1): the fork's database travels
     from one jailed worker through the front into another."""
-    from envfarm.compose import compose_core
-
-    config = FarmConfig(envs=[ENV], pool=PoolConfig(warm=1), leases_per_worker=1,
-                        check_module_state=False)
-    core = compose_core(config, catalog=bundled_catalog)
-    app = build_app(core)
     steps = bundled_catalog[ENV].solutions[TASK]
-    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as farm:
+    async with worker_farm(bundled_catalog, leases_per_worker=1) as (core, farm):
         lease = await farm.acquire(ENV, task_idx=TASK)
         for step in steps[:2]:
             await lease.call(step.tool, step.arguments)
@@ -175,13 +190,8 @@ async def test_fork_across_confined_workers(bundled_catalog):
 async def test_fork_within_one_worker_copies_inside_it(bundled_catalog):
     """Parent and child on the same worker: the state is cloned there (no bytes through the
     front), at the moment of the fork; the parent goes on untouched."""
-    from envfarm.compose import compose_core
-
-    config = FarmConfig(envs=[ENV], pool=PoolConfig(warm=1), check_module_state=False)
-    core = compose_core(config, catalog=bundled_catalog)
-    app = build_app(core)
     steps = bundled_catalog[ENV].solutions[TASK]
-    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as farm:
+    async with worker_farm(bundled_catalog) as (core, farm):
         lease = await farm.acquire(ENV, task_idx=TASK)
         for step in steps[:3]:
             await lease.call(step.tool, step.arguments)
