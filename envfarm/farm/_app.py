@@ -10,8 +10,7 @@ from typing import Annotated
 from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from fastapi.security import APIKeyHeader, HTTPBearer
-from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket
+from starlette.routing import Route
 
 from envfarm.farm._core import FarmCore
 from envfarm.farm._fastpath import FastCall
@@ -26,7 +25,7 @@ from envfarm.farm._http import (
 from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._mcp import LeaseMCP
-from envfarm.farm._openenv import OPENENV_PATH, InProcessLeaseAPI, serve_socket
+from envfarm.farm._openenv import install_socket
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER
 from envfarm.models import CallResult, ToolSpec
@@ -235,10 +234,5 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
 
     for path in ("/envs/{env}/leases/{lease_id}/mcp", "/envs/{env}/leases/{lease_id}/mcp/{cap}"):
         app.router.routes.append(Route(path, mcp, methods=["GET", "POST", "DELETE"]))
-    openenv = InProcessLeaseAPI(core, app)
-
-    async def openenv_socket(websocket: WebSocket) -> None:
-        await serve_socket(websocket, openenv)
-
-    app.router.routes.append(WebSocketRoute(OPENENV_PATH, openenv_socket))
+    install_socket(app, core)
     return app

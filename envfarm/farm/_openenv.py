@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -307,6 +309,16 @@ class InProcessLeaseAPI:
                       (b"content-length", str(len(raw)).encode())]
         status, _, out = await call_asgi(self.app, method, path, query.encode(), pairs, raw)
         return status, out
+
+
+def install_socket(app: Starlette, core: FarmCore) -> None:
+    """``/ws`` on a farm's app, over that app's own lease API."""
+    api = InProcessLeaseAPI(core, app)
+
+    async def socket(websocket: WebSocket) -> None:
+        await serve_socket(websocket, api)
+
+    app.router.routes.append(WebSocketRoute(OPENENV_PATH, socket))
 
 
 # -- the socket ------------------------------------------------------------------------------
