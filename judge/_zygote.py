@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import envfarm
 import envfarm.jail
+from envfarm.pipes import wait_readable
 
 if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
@@ -126,7 +126,7 @@ class Zygote:
         self._reader.start()
 
     def _wait_ready(self) -> str:
-        ready, _, _ = select.select([self._sock], [], [], self.config.start_timeout_s)
+        ready = wait_readable(self._sock.fileno(), self.config.start_timeout_s)
         msg = self._sock.recv(65536) if ready else b""
         try:
             hello = json.loads(msg) if msg else {}

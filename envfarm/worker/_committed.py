@@ -40,6 +40,23 @@ class CommittedState:
     def reset(self) -> None:
         self.pages, self.size, self.own = None, self.template.size, 0
 
+    def copy(self) -> CommittedState:
+        """Another lease's state now (a fork): the page list copied, the pages shared."""
+        twin = CommittedState(self.template)
+        twin.pages = None if self.pages is None else list(self.pages)
+        twin.size, twin.own = self.size, self.own
+        return twin
+
+    def load(self, image: bytes) -> None:
+        """Take a whole database image (a fork through the front); pages equal to the
+        template's stay shared with it."""
+        size = page_size(image)
+        shared = self.template.pages if size == self.template.size else ()
+        pages = [image[i:i + size] for i in range(0, len(image), size)]
+        self.pages = [shared[k] if k < len(shared) and shared[k] == page else page
+                      for k, page in enumerate(pages)]
+        self.size, self.own = size, self._own_bytes()
+
     def apply(self, delta: bytes | memoryview) -> int:
         """Patch in a worker's delta (FrameError if malformed); returns the change in ``own``."""
         pages = self.pages if self.pages is not None else list(self.template.pages)

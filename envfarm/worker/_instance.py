@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from envfarm.errors import EnvLoadError
 from envfarm.models import CallResult, ToolSpec
 from envfarm.worker import _frames
 from envfarm.worker._committed import CommittedState
@@ -32,8 +33,10 @@ if TYPE_CHECKING:
 #: under it with no fault of its own) is given up: an env whose every worker dies soon after
 #: it starts would otherwise churn workers forever.
 MAX_MOVES = 8
-#: What a call's reply may carry: the answer, then a delta of at most the whole database.
-_CALL_CAP = _frames.MAX_RESULT_BYTES + _frames.MAX_DB_BYTES + (1 << 20)
+#: What a reply may carry: a call's answer, then a delta of at most the whole database.
+_DELTA_CAP = _frames.MAX_DB_BYTES + (1 << 20)
+_CALL_CAP = _frames.MAX_RESULT_BYTES + _DELTA_CAP
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class InstanceClosed(Exception):
@@ -95,7 +98,7 @@ class RemoteInstance:
 
     async def reset(self) -> None:
         async with self._lock:
-            await self._ask({"op": "reset"}, self.env.options.deadline_grace_s + 5)
+            await self._ask({"op": "reset"}, self._grace_s)
             self.env.keep(self.worker, -self.state.own)
             self.state.reset()
 
@@ -104,6 +107,54 @@ class RemoteInstance:
         async with self._lock:
             self._check_open()
             return self.state.image()
+
+    async def restore(self, data: bytes) -> None:
+        """Take another instance's state (a fork through the front); ``EnvLoadError`` if the
+        worker cannot read it (the instance stays as it was)."""
+        if not data.startswith(_SQLITE_MAGIC):
+            raise EnvLoadError(f"env {self.env.name!r}: not a database image", env=self.env.name)
+        async with self._lock:
+            reply, _ = await self._ask({"op": "restore"}, self._grace_s, payload=data)
+            self._restored(reply)
+            state = CommittedState(self.env.template)
+            state.load(data)
+            self._take(state)
+
+    async def copy_from(self, other: RemoteInstance) -> None:
+        """Take ``other``'s state now (a fork): inside the worker when both live in the same one
+        (no database crosses the channel, only what differs from the front's copy), else
+        through the front."""
+        async with other._lock:  # after the parent's calls already sent, before its next
+            other._check_open()
+            if other.worker is not self.worker or self.worker.lost is not None:
+                image = other.state.image()
+            else:
+                async with self._lock:
+                    reply, delta = await self._ask({"op": "clone", "src": other.inst},
+                                                   self._grace_s, cap=_DELTA_CAP, answer_cap=0)
+                    self._restored(reply)
+                    state = other.state.copy()
+                    try:
+                        if delta:
+                            state.apply(delta)
+                    except _frames.FrameError as exc:
+                        raise self._guilty(str(exc)) from None
+                    self._take(state)
+                return
+        await self.restore(image)
+
+    @property
+    def _grace_s(self) -> float:
+        return self.env.options.deadline_grace_s + 5
+
+    def _restored(self, reply: dict[str, Any]) -> None:
+        if not reply.get("restored"):
+            raise EnvLoadError(f"env {self.env.name!r}: the worker could not restore the "
+                               f"state ({str(reply.get('error'))[:200]})", env=self.env.name)
+
+    def _take(self, state: CommittedState) -> None:
+        self.env.keep(self.worker, state.own - self.state.own)
+        self.state = state
 
     def _commit(self, delta: bytes) -> None:
         if delta:
@@ -126,7 +177,8 @@ class RemoteInstance:
             raise WorkerLost(self._lost, GUILTY)
 
     async def _ask(self, header: dict[str, Any], timeout_s: float, *, cap: int = 0,
-                   answer_cap: int | None = None) -> tuple[dict[str, Any], bytes]:
+                   answer_cap: int | None = None, payload: bytes = b""
+                   ) -> tuple[dict[str, Any], bytes]:
         """Send a request (the lock held) and return its reply, moving the lease off a lost
         worker as needed; WorkerLost once the lease itself is lost."""
         suspect = False
@@ -136,23 +188,25 @@ class RemoteInstance:
                 async with self.env.quarantine(self.tenant) as ward:
                     await self._move(ward)
                     try:
-                        return await self._request(header, timeout_s, cap, answer_cap)
+                        return await self._request(header, timeout_s, cap, answer_cap,
+                                                   payload)
                     except WorkerLost as exc:
                         raise self._give_up(f"{exc.reason} (its request failed again alone on "
                                             "a fresh worker)") from None
             if self.worker.lost is not None:
                 await self._move()
             try:
-                return await self._request(header, timeout_s, cap, answer_cap)
+                return await self._request(header, timeout_s, cap, answer_cap, payload)
             except WorkerLost as exc:
                 if exc.verdict == GUILTY:
                     raise self._give_up(exc.reason) from None
                 suspect = exc.verdict == SUSPECT
 
     async def _request(self, header: dict[str, Any], timeout_s: float, cap: int,
-                       answer_cap: int | None) -> tuple[dict[str, Any], bytes]:
+                       answer_cap: int | None, payload: bytes = b""
+                       ) -> tuple[dict[str, Any], bytes]:
         worker = self.worker
-        reply, payload = await worker.request(dict(header, inst=self.inst), timeout_s,
+        reply, payload = await worker.request(dict(header, inst=self.inst), timeout_s, payload,
                                               cap=cap, answer_cap=answer_cap)
         if not reply.get("ok"):  # it cannot serve an instance the front placed there
             worker.kill(f"could not serve instance {self.inst}: {str(reply.get('error'))[:300]}")

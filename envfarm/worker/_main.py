@@ -5,9 +5,9 @@ with the channel on fds 0 and 1. It imports what env code needs, enters the kern
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
 one frame each way: ``new`` (an instance, from the template or from the image the frame
 carries), ``drop`` it, ``call`` a tool (the answer, then the pages of the database that the call
-changed: the front keeps each lease's committed state), ``reset``, ``snapshot``. Generated code
-never sees the channel's fds by name; what it could do with them anyway is bounded by the front,
-which checks every reply.
+changed: the front keeps each lease's committed state), ``reset``, ``snapshot``,
+``restore``/``clone`` (a fork). Generated code never sees the channel's fds by name; what it
+could do with them anyway is bounded by the front, which checks every reply.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ class Worker:
             if payload:  # a lease moved here from a lost worker: its committed state
                 inst.restore(payload)
             self.instances[int(header["inst"])] = inst
-            self.shipped[int(header["inst"])] = inst.committed()
+            # the object its next call's rollback point is, read calls then ship nothing
+            self.shipped[int(header["inst"])] = payload or self.runtime.template.data
             return
         if op == "drop":
             self.shipped.pop(int(header["inst"]), None)
@@ -146,12 +147,36 @@ class Worker:
         if op == "reset":
             async with inst.lock:
                 inst.reset()
-                self.shipped[int(header["inst"])] = inst.committed()
+                self.shipped[int(header["inst"])] = self.runtime.template.data
             return {"ok": True}, b""
         if op == "snapshot":
             async with inst.lock:
                 return {"ok": True}, inst.snapshot()
+        if op in ("restore", "clone"):  # a fork: the parent's state, sent or held here
+            return await self._restore(op, header, inst, payload)
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
+
+    async def _restore(self, op: str, header: dict[str, Any], inst, payload: bytes
+                       ) -> tuple[dict[str, Any], bytes]:
+        """Give ``inst`` the state ``payload`` holds (``restore``) or its source's (``clone``:
+        the answer carries the pages where that differs from what the front holds of the
+        source, so the front's copy of the clone is exact)."""
+        delta, src_key = b"", header.get("src")
+        if op == "clone":
+            src = self.instances.get(int(src_key if src_key is not None else -1))
+            if src is None:
+                return {"ok": True, "restored": False, "error": "no source instance"}, b""
+            async with src.lock:
+                payload = src.snapshot()
+            delta = _frames.encode_delta(self.shipped[int(src_key)], payload)
+        async with inst.lock:
+            try:
+                inst.restore(payload)
+            except Exception as exc:  # noqa: BLE001 - bytes it cannot read: say so
+                return {"ok": True, "restored": False,
+                        "error": f"{type(exc).__name__}: {exc}"[:300]}, b""
+            self.shipped[int(header["inst"])] = payload  # what the front holds of it now
+        return {"ok": True, "restored": True, "rlen": 0}, delta
 
     def _delta(self, key: int, inst) -> bytes:
         """The pages the call changed since the image the front holds (none: b"")."""

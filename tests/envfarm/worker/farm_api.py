@@ -49,6 +49,11 @@ class Lease:
         assert r.status_code == 200 and r.json()["ok"], r.text
         return r.json()["result"]["pid"]
 
+    async def fork(self) -> Lease:
+        r = await self.http.post(self.path + "/fork", headers=self.auth, json={})
+        assert r.status_code == 201, r.text
+        return Lease(self.http, r.json())
+
     async def release(self) -> httpx.Response:
         return await self.http.delete(self.path, headers=self.auth)
 

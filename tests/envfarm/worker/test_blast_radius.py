@@ -114,3 +114,27 @@ async def test_a_worker_that_stops_reading_loses_nobody(http):
     assert (await teammates[0].titles())[-2:] == ["kept-1", "after-deafness"]
     assert (await teammates[1].titles())[-1] == "kept-2"
     assert (await deaf.titles())[-1] == "kept-0"  # its call had completed: it moved on too
+
+
+async def test_forks_keep_their_state_through_a_worker_loss(http, farm):
+    """A fork cloned inside the worker, and one made through the front, hold in the front's
+    copy exactly what their worker holds; both continue after the worker is killed."""
+    parent = (await _crew(http, 1))[0]
+    child = await parent.fork()  # same worker: cloned inside it
+    assert (await child.call("create_note", title="child-only")).json()["ok"]
+    for held in (parent, child):
+        inst = farm.core.leases[held.id].instance
+        asked = inst.worker.request({"op": "snapshot", "inst": inst.inst}, 10, cap=64 << 20)
+        # on the farm's loop (its thread), where the worker's channel is watched
+        done = asyncio.run_coroutine_threadsafe(asked, inst.worker._loop)
+        _, actual = await asyncio.wrap_future(done)
+        r = await held.http.get(held.path + "/snapshot", headers=held.auth)
+        assert r.content == actual  # the front's copy is the worker's state, byte for byte
+    pid = await parent.pid()
+    worker = farm.core.leases[parent.id].instance.worker
+    worker._loop.call_soon_threadsafe(worker.kill, "test: killed from outside")
+    await asyncio.sleep(0.2)
+    assert (await child.titles())[-2:] == ["kept-0", "child-only"]
+    assert (await parent.titles())[-1] == "kept-0" and await parent.pid() != pid
+    grandchild = await child.fork()
+    assert (await grandchild.titles())[-2:] == ["kept-0", "child-only"]
