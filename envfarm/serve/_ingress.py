@@ -46,7 +46,7 @@ class IngressMismatch(EnvfarmError):
 
 
 #: How the farm tunes Ray under HAProxy ingress (defaults: a value already set wins). Measured
-#: with 1,024 clients on one pool replica (benchmarks/soak.py; RESULTS.md, "Soak").
+#: with 1,024 clients on one pool replica (benchmarks/load/soak.py; RESULTS.md, "Soak").
 HAPROXY_TUNING = {
     # HAProxy opens one connection per in-flight request, so 1,024 clients mean 1,024
     # connections to one replica, whose event loop then accepts new ones (HAProxy's health
