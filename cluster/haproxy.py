@@ -4,20 +4,25 @@ per-server counters (``show stat`` on its admin socket).
 For an operator asking why calls queue or fail (is a server marked down? does traffic go through
 Serve's Python-proxy fallback?), and for the test and the soak that check the farm's HAProxy
 tuning (``envfarm/serve/_ingress.py``). Serve writes each HAProxy's files under
-``/tmp/haproxy-serve/<id>/`` on its node; the port a farm's URL names picks the HAProxy.
+``/tmp/haproxy-serve/<node id>/`` (or ``$RAY_SERVE_HAPROXY_SERVER_STATE_BASE``) on its node;
+the port a farm's URL names picks the HAProxy.
 
-    python -c "from cluster.haproxy import haproxy_servers; print(haproxy_servers('http://127.0.0.1:8000'))"
+    python -c "from cluster.haproxy import haproxy_servers as s; print(s('http://127.0.0.1:8000'))"
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
-ROOT = "/tmp/haproxy-serve"
+
+def _root() -> str:
+    """Serve's folder, or the one a farm moved it to (``envfarm/serve/_ingress.py``)."""
+    return os.environ.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "/tmp/haproxy-serve")
 
 
-def haproxy_servers(url: str, root: str = ROOT) -> dict[str, dict[str, str]]:
+def haproxy_servers(url: str, root: str | None = None) -> dict[str, dict[str, str]]:
     """Per-server counters of the Serve HAProxy that listens at ``url`` (``show stat`` on its
     admin socket): ``backend/server`` -> stot (sessions), smax, status, chkdown, hrsp_5xx."""
     text = haproxy_config(url, root)
@@ -36,11 +41,13 @@ def haproxy_servers(url: str, root: str = ROOT) -> dict[str, dict[str, str]]:
     return out
 
 
-def haproxy_config(url: str, root: str = ROOT) -> str:
+def haproxy_config(url: str, root: str | None = None) -> str:
     """The live config of the Serve HAProxy that listens at ``url``: the newest one binding its
     port (an earlier farm on the same port leaves its config behind)."""
+    root = root or _root()
     port = url.rsplit(":", 1)[1]
-    found = [p for p in Path(root).glob("*/haproxy.cfg") if f"bind 127.0.0.1:{port}\n" in p.read_text()]
+    found = [p for p in Path(root).glob("*/haproxy.cfg")
+             if f"bind 127.0.0.1:{port}\n" in p.read_text()]
     if not found:
         raise FileNotFoundError(f"no HAProxy config under {root} binds port {port}")
     return max(found, key=lambda p: p.stat().st_mtime).read_text()

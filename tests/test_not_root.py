@@ -102,7 +102,7 @@ def test_make_keeps_roots_namespace_and_gives_others_their_own(shared_dir):
 def test_make_runs_without_a_namespace_where_none_is_allowed_and_says_so(shared_dir):
     fake = shared_dir / "bin"
     fake.mkdir(mode=0o755)
-    (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: Operation not permitted' >&2\nexit 1\n")
+    (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: not permitted' >&2\nexit 1\n")
     (fake / "unshare").chmod(0o755)
     line = _make_demo_line(shared_dir, NOBODY, path=f"{fake}:{os.environ['PATH']}")
     assert line.startswith('echo "make: no private network namespace here')
@@ -121,3 +121,21 @@ def test_verifiers_say_why_they_get_no_network_namespace(monkeypatch, caplog):
         _can_unshare_net.cache_clear()
     assert "verifier processes share the farm's network namespace: there is no `unshare`" \
         in caplog.text
+
+
+def test_serve_haproxy_gets_a_folder_of_its_own_where_the_shared_one_is_not_writable(tmp_path):
+    from envfarm.serve._ingress import HAPROXY_FILES, haproxy_files
+
+    assert haproxy_files(str(tmp_path)) == {}  # ours: Serve's own default stays
+    moved = haproxy_files("/proc/envfarm-haproxy")  # nobody may write there, root included
+    try:
+        assert set(moved) == set(HAPROXY_FILES)
+        own = Path(moved["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+        assert own.is_dir() and own.stat().st_uid == os.geteuid()
+        assert own.stat().st_mode & 0o077 == 0  # the user's alone
+        assert all(Path(path).parent == own for key, path in moved.items()
+                   if key != "RAY_SERVE_HAPROXY_SERVER_STATE_BASE")
+        assert len(str(own / ("0" * 56) / "metrics.sock")) < 108  # a unix socket's path limit
+    finally:
+        shutil.rmtree(moved.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", tmp_path / "none"),
+                      ignore_errors=True)
