@@ -17,6 +17,8 @@ ifeq ($(shell id -u),0)
 NETNS := unshare --net $(LOOPBACK)
 else ifeq ($(shell unshare --user --map-root-user --net $(LOOPBACK) true 2>/dev/null && echo ok),ok)
 NETNS := unshare --user --map-root-user --net $(LOOPBACK)
+# In there this user is uid 0, whom pytest would give root's /tmp/pytest-of-root: its own instead.
+export PYTEST_DEBUG_TEMPROOT := $(shell d=/tmp/envfarm-$$(id -u); mkdir -p -m 700 $$d && echo $$d)
 else
 NETNS := echo "make: no private network namespace here (not root, no unprivileged user namespaces): Ray may listen on this machine's addresses" >&2;
 endif
