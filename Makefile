@@ -18,7 +18,9 @@ NETNS := unshare --net $(LOOPBACK)
 else ifeq ($(shell unshare --user --map-root-user --net $(LOOPBACK) true 2>/dev/null && echo ok),ok)
 NETNS := unshare --user --map-root-user --net $(LOOPBACK)
 # In there this user is uid 0, whom pytest would give root's /tmp/pytest-of-root: its own instead.
+ifeq ($(origin PYTEST_DEBUG_TEMPROOT),undefined)
 export PYTEST_DEBUG_TEMPROOT := $(shell d=/tmp/envfarm-$$(id -u); mkdir -p -m 700 $$d && echo $$d)
+endif
 else
 NETNS := echo "make: no private network namespace here (not root, no unprivileged user namespaces): Ray may listen on this machine's addresses" >&2;
 endif

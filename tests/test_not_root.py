@@ -78,7 +78,7 @@ def _make_demo_line(folder: Path, user: list[str], path: str | None = None) -> s
     os.utime(folder / "pyproject.toml", (0, 0))  # older than the venv: nothing to install
     for p in (folder / "venv", folder / "venv" / "bin"):
         p.chmod(0o755)
-    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+    env = {**os.environ, "PATH": path or os.environ["PATH"], "PYTEST_DEBUG_TEMPROOT": str(folder)}
     run = subprocess.run([*user, "make", "--no-print-directory", "-n", "-f", "-", "demo",
                           f"VENV={folder / 'venv'}"], input=(REPO / "Makefile").read_text(),
                          cwd=folder, capture_output=True, text=True, env=env, check=True)
