@@ -90,7 +90,8 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
             await core.aclose()
 
     app = FastAPI(title=title, version="1", lifespan=lifespan,
-                  description="Lease isolated tool-use environments; see DESIGN.md.")
+                  description="Lease isolated tool-use environments; see docs/lease-api.md "
+                              "and docs/architecture.md in the envfarm repository.")
     install_error_handlers(app)
     if core.config.fast_paths:
         app.add_middleware(FastCall, core=core, mcp=mcp)  # inside BodyLimit: 413 for big bodies
