@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.envfarm.serve.conftest import _start
-from tests.envfarm.toy_env import SAMPLE, SCHEMA
+from tests.fakes.toy_env import SAMPLE, SCHEMA
 from tests.envfarm.worker.farm_api import KEYS, batch, gone, lease, two_tenants
 from tests.envfarm.worker.tenancy_env import CODE
 
