@@ -82,16 +82,20 @@ class EnvRuntime:
             self._mcp_openapi = openapi_as_fastapi_mcp(self.app)
         return self._mcp_openapi
 
-    def instance(self) -> Instance:
-        return Instance(self)
+    def instance(self, initial: bytes | None = None) -> Instance:
+        """A fresh instance of the template, or of ``initial`` (a task's own starting database:
+        its resets go back there)."""
+        return Instance(self, initial)
 
 
 class Instance:
     """An isolated, instantly resettable copy of an environment's state."""
 
-    def __init__(self, runtime: EnvRuntime) -> None:
+    def __init__(self, runtime: EnvRuntime, initial: bytes | None = None) -> None:
         self.runtime = runtime
-        self._open(runtime.template.data)
+        #: The state a reset goes back to: the template, or a task's own starting database.
+        self.initial = runtime.template.data if initial is None else initial
+        self._open(self.initial)
         #: Serializes calls, resets and snapshots on this instance.
         self.lock = asyncio.Lock()
         self.closed = False
@@ -105,7 +109,7 @@ class Instance:
         """Back to the initial state: a new connection (so PRAGMAs and other connection state
         set by env code go too) restored from the template bytes."""
         self.conn.close()
-        self._open(self.runtime.template.data)
+        self._open(self.initial)
 
     def _open(self, data: bytes) -> None:
         self.conn = open_memory_db(self.runtime.foreign_keys)
@@ -144,7 +148,7 @@ class Instance:
         return self.conn.serialize()
 
     def initial_snapshot(self) -> bytes:
-        return self.runtime.template.data
+        return self.initial
 
     def write_snapshots(self, folder: str | Path) -> tuple[Path, Path]:
         """Write ``initial.db`` and ``final.db`` for verifier code; returns their paths."""

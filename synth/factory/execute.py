@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm.check import example_arguments
+from envfarm.dbrows import table_rows
 from envfarm.runtime import EnvRuntime
 from synth.factory.consistent import Draw, relations
 from synth.factory.dbvalues import (
@@ -24,7 +25,6 @@ from synth.factory.dbvalues import (
     column_values,
     db_source,
     strict_id,
-    table_rows,
 )
 from synth.factory.fields import field_values
 from synth.factory.model import Call, Chain
