@@ -4,26 +4,30 @@ One record per chain in ``<out>/factory/<env>/episodes.jsonl`` (accepted or with
 dropped), appended and fsync'd as soon as it is decided, keyed by ``chain_id``: a killed run
 resumes where it stopped and never writes a chain twice. The acceptance gate has two parts:
 synth's replay check (``envfarm.check.check_solution``: the recorded calls replayed on a fresh
-instance pass the verifier in the judge's sandbox, and a no-op does not), then the solving gate
-(``synth.factory.gate``: an agent given only the written request passes the verifier through a
-farm, and a no-op with a plausible wrong answer does not).
+instance pass the verifier in the judge's sandbox, and a no-op does not), the request singles out
+everything the chain acted on (``synth.factory.ambiguity``), then the solving gate
+(``synth.factory.gate``: no hack probe passes the verifier, and an agent given only the written
+request passes it through a farm).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from envfarm.check import check_solution
+from envfarm.check import check_solution, probe_arguments
 from envfarm.models import ToolCall
 from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
+from synth.factory.ambiguity import unresolved
 from synth.factory.dbvalues import column_values, db_columns, db_source, strict_id
-from synth.factory.execute import Executed, diff_rows, execute_chain, execute_drawing
+from synth.factory.execute import Executed, diff_rows, execute_chain, execute_drawing, writes
+from synth.factory.fields import field_values
 from synth.factory.gate import (
     DROP_SOLVER_ERROR,
     Candidate,
@@ -39,12 +43,14 @@ from synth.factory.verifier import (
     checks_something,
     expected_state,
     key_value,
+    read_only_expected,
     verifier_code,
     volatile_columns,
     wrong_answers,
 )
 
 EPISODES_FILE = "episodes.jsonl"
+DROP_AMBIGUOUS = "ambiguous"            # the request does not single out what the chain acted on
 DROP_NO_KEY_VALUE = "no_key_value"      # a read-only chain whose answer has nothing to state
 DROP_NOTHING_STABLE = "nothing_stable"  # every changed column differs run to run
 DROP_GATE = "gate"
@@ -58,13 +64,15 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 
 async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                         seed: int = 0, tries: int = 5) -> tuple[Episode, Candidate | None]:
+                         seed: int = 0, tries: int = 5, ignore: Iterable[str] = ()) -> tuple[Episode, Candidate | None]:
     """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
     all, each avoiding the values that failed): a cancelled reservation cannot be cancelled, another
-    one can; then twice more with optional parameters filled too (``execute_drawing``).
+    one can; then twice more with optional parameters filled too (``execute_drawing``). A request
+    that does not single out what the chain acted on is dropped (``ambiguous``). ``ignore``: tables
+    the env's reads write (``read_written_tables``), which the verifier leaves out.
     """
     last = (await execute_drawing(runtime, chain, columns, seed, tries=tries))[-1]
     ex = last.executed
@@ -78,16 +86,21 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
         given = {str(v) for c in ex.calls for v in c.arguments.values()}
         expected = expected_state(first, volatile, given)
     else:
-        answer = key_value(ex.calls[-1].result)
+        last = ex.calls[-1]
+        answer = key_value(last.result, named=isinstance(last.result, dict) and any(
+            strict_id(k) for k in last.arguments))
         if answer is None:
             return _episode(ex, DROP_NO_KEY_VALUE, "the last call returned no value a user would ask for"), None
-        expected = {"tables": {}, "answer": answer[1]}
+    final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
+    if answer is not None:
+        expected = read_only_expected(answer[1], _candidates(runtime, ex, answer, columns), final_answer)
     if not checks_something(expected):
         return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs"), None
-    code = verifier_code(expected)
-    final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
+    code = verifier_code(expected, sorted(ignore))
     stats = QueryStats()
-    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
+    names = [*columns, *(c for cols in columns.values() for c in cols)]
+    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats,
+                                              columns=names)
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
     if plan is None:
         return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None
@@ -98,16 +111,49 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
         return episode, None
+    vague = unresolved(ex, episode.messages, runtime.template.data, columns, answer, runtime.bundle.code or "")
+    if vague:
+        episode.reason, episode.detail = DROP_AMBIGUOUS, vague[:400]
+        return episode, None
     return episode, Candidate(task=task_text(episode), verifier_code=code,
-                              wrong_answers=_wrong_answers(runtime, ex, answer, columns))
+                              wrong_answers=_wrong_answers(runtime, ex, answer, columns),
+                              solution=calls, final_answer=final_answer)
+
+
+def _column_values(runtime: EnvRuntime, answer: tuple[str, Any] | None, columns: Any) -> list[Any]:
+    """The values of the database column the asked field names (``title`` -> ``books.title``)."""
+    leaf = answer[0].rsplit(".", 1)[-1].strip("[]") if answer else ""
+    where = db_source(leaf, columns) if leaf else None
+    return column_values(runtime.template.data, *where, limit=500) if where else []
+
+
+def _candidates(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any], columns: Any) -> list[Any]:
+    """What else the answer could have named: the asked field's other values in the last answer
+    and in its database column (an answer that states one of them too is a dump, or a guess)."""
+    return [*field_values(ex.calls[-1].result, answer[0]), *_column_values(runtime, answer, columns)]
 
 
 def _wrong_answers(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any] | None, columns: Any) -> list[str]:
-    leaf = answer[0].rsplit(".", 1)[-1].strip("[]") if answer else ""
-    where = db_source(leaf, columns) if leaf else None
-    db_values = column_values(runtime.template.data, *where) if where else []
     stated = [v for c in ex.calls for k, v in c.arguments.items() if not strict_id(k)]
-    return wrong_answers(answer, ex.calls[-1].result, db_values, stated)
+    return wrong_answers(answer, ex.calls[-1].result, _column_values(runtime, answer, columns), stated)
+
+
+async def read_written_tables(runtime: EnvRuntime) -> set[str]:
+    """Tables the env's read tools (GET) write when called with example arguments: an access log,
+    a view counter. Templated verifiers leave them out (an agent's extra reads write them too)."""
+    out: set[str] = set()
+    data = runtime.template.data
+    for tool in runtime.tools:
+        if writes(runtime, tool.name):
+            continue
+        for args in probe_arguments(tool, None, 2):
+            inst = runtime.instance()
+            try:
+                if (await inst.call(tool.name, args)).ok:
+                    out |= set(diff_rows(data, inst.snapshot()))
+            finally:
+                inst.close()
+    return out
 
 
 async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, llm: Any, sandbox: Any,
@@ -115,15 +161,16 @@ async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, 
     """Episodes of ``chains``: candidates made ``concurrency`` at a time, then gated together on
     one farm (an agent solves each written request; see ``synth.factory.gate``)."""
     limit = asyncio.Semaphore(max(1, concurrency))
+    ignore = await read_written_tables(runtime)
 
     async def one(chain: Chain) -> tuple[Episode, Candidate | None]:
         async with limit:
-            return await make_candidate(runtime, chain, columns, llm, sandbox, seed)
+            return await make_candidate(runtime, chain, columns, llm, sandbox, seed, ignore=ignore)
 
     made = await asyncio.gather(*(one(c) for c in chains))
     waiting = [(e, c) for e, c in made if c is not None]
     results = await gate_batch(runtime.bundle, [c for _, c in waiting], solver, code_judge(sandbox),
-                               concurrency=concurrency)
+                               concurrency=concurrency, runtime=runtime)
     for (episode, _), result in zip(waiting, results, strict=True):
         episode.accepted, episode.reason, episode.detail = result.accepted, result.reason, result.detail
     return [e for e, _ in made]
