@@ -58,6 +58,10 @@ class EnvReport(BaseModel):
     module_state: list[str] = Field(default_factory=list, description=(
         "Module globals that tool calls change (with --probe): leases would see each other "
         "through them, so the farm gives such an env a worker per lease."))
+    probed: int = Field(0, description="Tasks the hack probes ran on (with --hacks).")
+    hackable: dict[int, str] = Field(default_factory=dict, description=(
+        "Tasks a hack probe passes (or whose verifier cannot judge one), with which (with "
+        "--hacks; envfarm.hackprobes): a farm quarantines them once flagged."))
     task_checks: list[TaskCheck] = Field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:

@@ -120,6 +120,9 @@ class EnvBundle(_Model):
     solutions: dict[int, list[ToolCall]] = Field(default_factory=dict)
     solution_answers: dict[int, str] = Field(default_factory=dict, description=(
         "Final answer of a reference solution, by task (read-only tasks are judged on it)."))
+    flagged: dict[int, str] = Field(default_factory=dict, description=(
+        "Tasks the catalog's hack-probe report flags (gen_probes.jsonl: a probe passes their "
+        "verifier, or it cannot judge one), by task, with why: a farm quarantines them at load."))
     problems: list[str] = Field(default_factory=list, description="What is missing or broken.")
 
     @property

@@ -19,6 +19,7 @@ from envfarm.errors import (
                             LeaseNotFound,
                             LeaseUnauthorized,
                             PoolExhausted,
+                            TaskQuarantined,
                             TransportError,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "Reply",
     "SyncFarm",
     "SyncLease",
+    "TaskQuarantined",
     "Transport",
     "TransportError",
     "error_from_wire",

@@ -16,6 +16,7 @@ from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
+from envfarm.farm._quarantine import Quarantine, QuarantineConfig, merge_quarantine
 from envfarm.farm._status import (
     EnvStatus,
     FarmStatus,
@@ -53,6 +54,7 @@ from envfarm.wire import (
     LeaseInfo,
     LeaseRequest,
     PoolStats,
+    QuarantinedTask,
     ReleaseResponse,
     ReleaseStatus,
     VerifyRequest,
@@ -89,6 +91,9 @@ __all__ = [
     "PayloadTooLarge",
     "PoolConfig",
     "PoolStats",
+    "Quarantine",
+    "QuarantineConfig",
+    "QuarantinedTask",
     "Quota",
     "RedactCredentials",
     "ReleaseResponse",
@@ -113,6 +118,7 @@ __all__ = [
     "make_server",
     "mcp_credential",
     "merge_exposition",
+    "merge_quarantine",
     "new_key",
     "new_owner_tag",
     "owner_of",

@@ -41,6 +41,8 @@ from envfarm.wire import (
     LeaseBatchRequest,
     LeaseInfo,
     LeaseRequest,
+    LiftRequest,
+    QuarantinedTask,
     ReleaseResponse,
     ResetResponse,
     VerifyRequest,
@@ -55,7 +57,7 @@ LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=LEASE_ID_PAT
 Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=OWNER_PATTERN,
                             description="Owner tag: the part of a lease id before '-'.")]
 
-_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422, 429, 503)}
+_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 409, 410, 413, 422, 429, 503)}
 # Declares the bearer scheme in the OpenAPI; the token itself is read by ``bearer()`` so that
 # a missing one becomes our 401 body, not FastAPI's.
 _auth = [Depends(HTTPBearer(auto_error=False, description="The lease's token."))]
@@ -134,7 +136,20 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         Takes the farm API key of lease creation (a cold start costs a worker)."""
         return await core.warm(env, request.headers.get(KEY_HEADER))
 
-    create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 413, 422, 429, 503)}
+    @app.get("/quarantine", response_model=list[QuarantinedTask], tags=["farm"])
+    async def quarantined() -> list[QuarantinedTask]:
+        """Tasks out of rotation (new leases get ``TaskQuarantined``), and why."""
+        return core.quarantine.listing()
+
+    @app.post("/quarantine/lift", response_model=list[QuarantinedTask], tags=["farm"],
+              responses={k: _ERRORS[k] for k in (401, 403, 404, 422)}, dependencies=_key)
+    async def lift(request: Request, req: LiftRequest) -> list[QuarantinedTask]:
+        """Put a task (or every task of an env type) back into rotation; what was lifted.
+        Takes the farm API key of lease creation."""
+        core.tenants.identify(request.headers.get(KEY_HEADER))
+        return core.quarantine.lift(core.served_name(req.env), req.task_idx)
+
+    create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 409, 413, 422, 429, 503)}
 
     @app.post("/envs/{env}/leases", response_model=LeaseInfo, status_code=201, tags=["leases"],
               responses=create_errors, dependencies=_key)

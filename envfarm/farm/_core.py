@@ -31,6 +31,7 @@ from envfarm.farm._config import FarmConfig
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._quarantine import Quarantine, QuarantineCollector
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import ServedEnv
@@ -103,6 +104,9 @@ class FarmCore:
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
         self.metrics.registry.register(TenantCollector(self.owner, self.tenants))
+        self.quarantine = Quarantine(config.quarantine, self.owner, {
+            name: self.catalog[name].flagged for name in self.loader.names if self.catalog[name].flagged})
+        self.metrics.registry.register(QuarantineCollector(self.owner, self.quarantine))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
@@ -204,7 +208,7 @@ class FarmCore:
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
                              pools=self.pool_stats(), window=self.window.snapshot(),
                              isolation=self.isolation, tenants=self.tenants.status(),
-                             types=self.registry.counts())
+                             types=self.registry.counts(), quarantined=self.quarantine.listing())
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
@@ -260,6 +264,7 @@ class FarmCore:
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
+        self.quarantine.admit(name, req.task_idx)
         policy = self.config.leases
         ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
         self.registry.pin(name)  # not evicted while this lease is being made
@@ -321,6 +326,7 @@ class FarmCore:
 
     def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
         """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
+        self.quarantine.record_call(lease.env, lease.task_idx, bad=True)
         self._close(lease, f"lease_lost: {why}")
         return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
                          "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
@@ -394,6 +400,7 @@ class FarmCore:
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
             # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
+        self.quarantine.record_call(lease.env, lease.task_idx, outcome == "env_error")
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
         self.window.record_call(lease.env, outcome, res.elapsed_ms / 1000)
@@ -416,6 +423,9 @@ class FarmCore:
         task_idx, verdict = await episode_verdict(
             lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier)
         lease.touch()
+        # a lease whose agent never connected says nothing about the env
+        self.quarantine.record_verification(lease.env, task_idx,
+                                            not verdict.valid and verdict.error_kind != "unauthorized")
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
         return VerifyResponse(task_idx=task_idx, **verdict.model_dump(exclude={"reward", "valid"}))

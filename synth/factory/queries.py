@@ -19,14 +19,15 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from envfarm.check import check_solution, probe_arguments
+from envfarm.check import check_solution
 from envfarm.models import ToolCall
 from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
+from synth.guard import read_written_tables
 from synth.factory.ambiguity import unresolved
 from synth.factory.dbvalues import column_values, db_columns, db_source, strict_id
-from synth.factory.execute import Executed, diff_rows, execute_chain, execute_drawing, writes
+from synth.factory.execute import Executed, diff_rows, execute_chain, execute_drawing
 from synth.factory.fields import field_values
 from synth.factory.gate import (
     DROP_SOLVER_ERROR,
@@ -136,24 +137,6 @@ def _candidates(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any], colu
 def _wrong_answers(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any] | None, columns: Any) -> list[str]:
     stated = [v for c in ex.calls for k, v in c.arguments.items() if not strict_id(k)]
     return wrong_answers(answer, ex.calls[-1].result, _column_values(runtime, answer, columns), stated)
-
-
-async def read_written_tables(runtime: EnvRuntime) -> set[str]:
-    """Tables the env's read tools (GET) write when called with example arguments: an access log,
-    a view counter. Templated verifiers leave them out (an agent's extra reads write them too)."""
-    out: set[str] = set()
-    data = runtime.template.data
-    for tool in runtime.tools:
-        if writes(runtime, tool.name):
-            continue
-        for args in probe_arguments(tool, None, 2):
-            inst = runtime.instance()
-            try:
-                if (await inst.call(tool.name, args)).ok:
-                    out |= set(diff_rows(data, inst.snapshot()))
-            finally:
-                inst.close()
-    return out
 
 
 async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, llm: Any, sandbox: Any,
