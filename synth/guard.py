@@ -86,8 +86,12 @@ async def touched_rows(runtime: EnvRuntime, idx: int) -> dict[str, list[int]] | 
     """table -> rowids the task's reference solution adds, changes or deletes (None: no
     reference, or one of its calls fails)."""
     calls = runtime.bundle.solutions.get(idx)
-    if not calls:
-        return None
+    return await touched_by(runtime, calls) if calls else None
+
+
+async def touched_by(runtime: EnvRuntime, calls: list[Any]) -> dict[str, list[int]] | None:
+    """table -> rowids ``calls`` (``ToolCall``s, run in order on a fresh instance) add, change or
+    delete; None when one of them fails."""
     inst = runtime.instance()
     try:
         for call in calls:
