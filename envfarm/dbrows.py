@@ -51,10 +51,18 @@ def changed_rows(before: bytes | Rows, after: bytes | Rows) -> set[tuple[str, in
 
 def delete_row(data: bytes, table: str, rowid: int) -> bytes:
     """``data`` without one row (foreign keys off, as the env's own calls run)."""
+    return without_rows(data, {table: [rowid]})
+
+
+def without_rows(data: bytes, drop: dict[str, list[int]]) -> bytes:
+    """``data`` without the rows ``drop`` names (table -> rowids); foreign keys off."""
     conn = open_memory_db(False)
     try:
         conn.deserialize(data)
-        conn.execute(f'DELETE FROM "{table}" WHERE rowid = ?', (rowid,))
+        tables = set(_tables(conn))
+        for table, rowids in sorted(drop.items()):
+            if table in tables and rowids:
+                conn.executemany(f'DELETE FROM "{table}" WHERE rowid = ?', [(r,) for r in rowids])
         conn.commit()
         return conn.serialize()
     finally:

@@ -87,7 +87,7 @@ class ProbeTask(BaseModel):
     guesses: list[str] = Field(default_factory=list,
                                description="Plausible wrong answers to try besides the generic ones.")
     initial_db: bytes | None = Field(default=None, description=(
-        "The task's starting database; None: the runtime's template."))
+        "The task's starting database; None: its state in the runtime's bundle, else the template."))
 
     @classmethod
     def from_bundle(cls, bundle: EnvBundle, idx: int) -> ProbeTask:
@@ -243,7 +243,7 @@ async def _probe(kit: EnvKit | None, task: ProbeTask, verifier: EpisodeVerifier,
                  env: str | None, path: str | None) -> HackReport:
     name = env or (kit.runtime.name if kit else "")
     initial = task.initial_db if task.initial_db is not None else (
-        kit.runtime.template.data if kit else None)
+        kit.runtime.task_initial(task.task_idx) if kit else None)
     report = HackReport(env=name, task_idx=task.task_idx, task=task.text[:300],
                         path=path or str(getattr(verifier, "mode", "code")))
     if initial is None:

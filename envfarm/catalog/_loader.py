@@ -20,13 +20,14 @@ from envfarm.models import DBSchema, EnvBundle, SampleData, ToolCall, Verifier
 
 BUNDLED_CATALOG = Path(__file__).parent
 
-#: AWM file name -> what it holds. gen_solutions.jsonl (reference solutions) and
-#: gen_probes.jsonl (the hack probes' verdicts: ``envfarm envs check --hacks --write-flags``) are
+#: AWM file name -> what it holds. gen_solutions.jsonl (reference solutions), gen_probes.jsonl
+#: (the hack probes' verdicts: ``envfarm envs check --hacks --write-flags``) and
+#: gen_task_states.jsonl (a task's own starting database: ``drop_rows`` of the sample data) are
 #: envfarm's extra files.
 AWM_FILES = (
     "gen_scenario.jsonl", "gen_tasks.jsonl", "gen_db.jsonl", "gen_sample.jsonl", "gen_spec.jsonl",
     "gen_envs.jsonl", "gen_verifier.jsonl", "gen_verifier.pure_code.jsonl", "gen_solutions.jsonl",
-    "gen_probes.jsonl",
+    "gen_probes.jsonl", "gen_task_states.jsonl",
 )
 
 
@@ -162,6 +163,9 @@ class _Builder:
             env.setdefault("solutions", {})[int(rec["task_idx"])] = calls
             if rec.get("final_answer") is not None:
                 env.setdefault("solution_answers", {})[int(rec["task_idx"])] = str(rec["final_answer"])
+        elif file_name == "gen_task_states.jsonl":
+            drop = {str(t): [int(r) for r in rows] for t, rows in dict(rec["drop_rows"]).items()}
+            env.setdefault("task_states", {})[int(rec["task_idx"])] = drop
         elif file_name == "gen_probes.jsonl":
             if rec.get("hacked") or rec.get("undecided"):
                 idx, why = int(rec["task_idx"]), str(rec.get("summary") or "a hack probe passes its verifier")

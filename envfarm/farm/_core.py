@@ -270,7 +270,7 @@ class FarmCore:
         self.registry.pin(name)  # not evicted while this lease is being made
         try:
             served = await self.registry.get(name)
-            instance = await served.acquire()
+            instance = await served.acquire(req.task_idx)
         finally:
             self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key

@@ -40,7 +40,7 @@ class ServedEnv(Protocol):
     #: The env app's OpenAPI as fastapi-mcp generates it (MCP listings), or None.
     openapi: dict[str, Any] | None
 
-    async def acquire(self) -> InstanceHandle: ...
+    async def acquire(self, task_idx: int | None = None) -> InstanceHandle: ...
     def release(self, inst: InstanceHandle) -> None: ...
     def pool_stats(self) -> PoolStats: ...
     async def aclose(self) -> None: ...
@@ -96,8 +96,11 @@ class LocalEnv:
         except Exception:  # noqa: BLE001 - generated code's schema may not render
             self.openapi = None
 
-    async def acquire(self) -> LocalInstance:
-        return LocalInstance(self.pool.acquire())
+    async def acquire(self, task_idx: int | None = None) -> LocalInstance:
+        inst = self.pool.acquire()
+        if self.bundle.task_states.get(task_idx):  # the task's own start (EnvFactory's scenarios)
+            inst.reset(self.runtime.task_initial(task_idx))
+        return LocalInstance(inst)
 
     def release(self, inst: LocalInstance) -> None:
         self.pool.release(inst.inst)

@@ -96,6 +96,7 @@ class WorkerEnv:
             first.kill("probed a module that keeps state: not reused")
             self.workers = []
         self._ids = itertools.count(1)
+        self._task_initials: dict[int, bytes] = {}  # task -> its own starting database
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
         self._retiring: asyncio.TimerHandle | None = None
@@ -105,7 +106,7 @@ class WorkerEnv:
                   else WorkerProcess(self.options.worker_config(), stderr=self.options.stderr))
         load = {"op": "load", "bundle": self.bundle.model_dump(
                     mode="json", include={"name", "code", "db_schema", "sample_data",
-                                          "api_spec"}),
+                                          "api_spec", "task_states"}),
                 "call_timeout_s": self.options.call_timeout_s,
                 "max_payload_bytes": self.options.max_payload_bytes,
                 "foreign_keys": self.options.foreign_keys, "probe_module_state": probe}
@@ -146,7 +147,10 @@ class WorkerEnv:
     def leased(self) -> int:
         return sum(w.leases for w in self._live())
 
-    async def acquire(self) -> RemoteInstance:
+    async def acquire(self, task_idx: int | None = None) -> RemoteInstance:
+        """An instance on a worker with room: of the template, or of the task's own starting
+        database when its bundle gives it one (``EnvBundle.task_states``)."""
+        task = task_idx if self.bundle.task_states.get(task_idx) else None
         while True:
             worker = next((w for w in self._live() if self._has_room(w)), None)
             if worker is None:
@@ -166,8 +170,9 @@ class WorkerEnv:
             worker.idle_since = None
             try:
                 await worker.attach()
-                inst = RemoteInstance(self, worker, next(self._ids))
-                worker.post({"op": "new", "inst": inst.inst})
+                initial = self.template if task is None else await self._task_initial(worker, task)
+                inst = RemoteInstance(self, worker, next(self._ids), initial)
+                worker.post({"op": "new", "inst": inst.inst, **({} if task is None else {"task": task})})
                 break
             except WorkerLost:  # it died meanwhile: place the lease on another worker
                 worker.leases -= 1
@@ -175,6 +180,18 @@ class WorkerEnv:
         if self.free_slots() < spare:
             self._start_growing()  # ready before the free slots run out
         return inst
+
+    async def _task_initial(self, worker: WorkerProcess, task: int) -> bytes:
+        """A task's starting database, as the worker builds it (once per task: the front runs no
+        SQL of the env's own)."""
+        if task not in self._task_initials:
+            reply, data = await worker.request({"op": "task_initial", "task": task},
+                                               self.options.deadline_grace_s + 5)
+            if not reply.get("ok") or not data.startswith(_SQLITE_MAGIC):
+                worker.kill("sent a malformed task database")
+                raise WorkerLost(worker.lost)
+            self._task_initials[task] = data
+        return self._task_initials[task]
 
     async def _grow(self) -> None:
         """One more worker; concurrent callers share the start under way."""
@@ -270,12 +287,13 @@ def _kill_spawned(future: asyncio.Future) -> None:
 class RemoteInstance:
     """A lease's instance, living in a worker; calls on it run one at a time."""
 
-    __slots__ = ("env", "worker", "inst", "_lock")
+    __slots__ = ("env", "worker", "inst", "initial", "_lock")
 
-    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int) -> None:
+    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int, initial: bytes) -> None:
         self.env = env
         self.worker = worker
         self.inst = inst
+        self.initial = initial  # what its resets go back to, and what verifiers compare with
         # Queued behind this lease's own calls in the front, not in the worker: the deadline
         # starts when the worker starts the call, so one lease's burst cannot kill the worker.
         self._lock = asyncio.Lock()
@@ -289,7 +307,7 @@ class RemoteInstance:
         return self.worker.lost
 
     def initial_snapshot(self) -> bytes:
-        return self.env.template
+        return self.initial
 
     async def _ask(self, header: dict[str, Any], timeout_s: float) -> tuple[dict, bytes]:
         async with self._lock:

@@ -3,7 +3,8 @@
 Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
-one frame each way: ``new``/``drop`` an instance, ``call`` a tool, ``reset``, ``snapshot``,
+one frame each way: ``new``/``drop`` an instance (of the template, or of a task's own starting
+database), ``call`` a tool, ``reset``, ``snapshot``, ``task_initial`` (that database),
 ``isolation`` (the module-state probe). Generated code never sees the channel's fds by name;
 what it could do with them anyway is bounded by the front, which checks every reply.
 """
@@ -59,7 +60,9 @@ class Worker:
     def on_frame(self, header: dict[str, Any], payload: bytes) -> None:
         op, rid = header.get("op"), header.get("id")
         if op == "new":  # in order, before any later frame: no await between them
-            self.instances[int(header["inst"])] = self.runtime.instance()
+            task = header.get("task")  # a task's own start (EnvFactory's per-scenario state)
+            initial = self.runtime.task_initial(int(task)) if task is not None else None
+            self.instances[int(header["inst"])] = self.runtime.instance(initial)
             return
         if op == "drop":
             inst = self.instances.pop(int(header["inst"]), None)
@@ -90,6 +93,8 @@ class Worker:
                   ) -> tuple[dict[str, Any], bytes]:
         if op == "ping":
             return {"ok": True}, b""
+        if op == "task_initial":  # the starting database of a task with a state of its own
+            return {"ok": True}, self.runtime.task_initial(int(header["task"]))
         inst = self.instances.get(int(header.get("inst", -1)))
         if inst is None:
             return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""

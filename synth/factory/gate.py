@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +84,14 @@ class Candidate:
     wrong_answers: list[str]
     solution: list[ToolCall] | None = None
     final_answer: str | None = None
+    #: the scenario's own starting database: rows of the env's it lacks, and the database
+    task_state: dict[str, list[int]] = field(default_factory=dict)
+    initial_db: bytes | None = None
 
     def probe_task(self) -> ProbeTask:
         return ProbeTask(text=self.task, code_verifier=self.verifier_code, solution=self.solution,
-                         final_answer=self.final_answer, guesses=self.wrong_answers)
+                         final_answer=self.final_answer, guesses=self.wrong_answers,
+                         initial_db=self.initial_db)
 
 
 @dataclass
@@ -126,7 +130,9 @@ async def gate_farm(base: EnvBundle, candidates: list[Candidate], judge: Judge) 
         "tasks": [*base.tasks, *(c.task for c in candidates)],
         "code_verifiers": {**base.code_verifiers, **{
             first + i: Verifier(task_idx=first + i, task=c.task, code=c.verifier_code)
-            for i, c in enumerate(candidates)}}})
+            for i, c in enumerate(candidates)}},
+        "task_states": {**base.task_states, **{first + i: c.task_state for i, c in enumerate(candidates)
+                                               if c.task_state}}})
     core = FarmCore(FarmConfig(envs=[bundle.name], pool=PoolConfig(warm=2)),
                     catalog=Catalog({bundle.name: bundle}, [], Path(".")),
                     runtimes={bundle.name: EnvRuntime(bundle)}, verifier=lambda: _Borrowed(judge))

@@ -38,6 +38,7 @@ from synth.factory.gate import (
 )
 from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode, task_text
+from synth.factory.scenario import DEFAULT_KEEP, scenario_state
 from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, catalog_envs
 from synth.factory.verifier import (
@@ -65,7 +66,8 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 
 async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                         seed: int = 0, tries: int = 5, ignore: Iterable[str] = ()) -> tuple[Episode, Candidate | None]:
+                         seed: int = 0, tries: int = 5, ignore: Iterable[str] = (),
+                         keep: float | None = DEFAULT_KEEP) -> tuple[Episode, Candidate | None]:
     """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
@@ -73,30 +75,35 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     all, each avoiding the values that failed): a cancelled reservation cannot be cancelled, another
     one can; then twice more with optional parameters filled too (``execute_drawing``). A request
     that does not single out what the chain acted on is dropped (``ambiguous``). ``ignore``: tables
-    the env's reads write (``read_written_tables``), which the verifier leaves out.
+    the env's reads write (``read_written_tables``), which the verifier leaves out. ``keep``: the
+    chain's scenario starts from a database of its own (``synth.factory.scenario``: the sample
+    data with each unreferenced row kept with this probability); None: the env's sample data.
     """
-    last = (await execute_drawing(runtime, chain, columns, seed, tries=tries))[-1]
+    state, initial = ({}, runtime.template.data) if keep is None else scenario_state(
+        runtime.template.data, runtime.bundle.code or "", chain.chain_id, keep)
+    columns = db_columns(initial) if state else columns
+    last = (await execute_drawing(runtime, chain, columns, seed, tries=tries, initial=initial))[-1]
     ex = last.executed
     if ex.drop:
-        return _episode(ex, ex.drop, ex.detail), None
+        return _episode(ex, ex.drop, ex.detail, task_state=state), None
     answer = None
     if ex.changed:
         again = await execute_chain(runtime, chain, columns, **last.kwargs)
-        first = diff_rows(runtime.template.data, ex.final)
-        volatile = volatile_columns(first, diff_rows(runtime.template.data, again.final)) if not again.drop else set()
+        first = diff_rows(initial, ex.final)
+        volatile = volatile_columns(first, diff_rows(initial, again.final)) if not again.drop else set()
         given = {str(v) for c in ex.calls for v in c.arguments.values()}
         expected = expected_state(first, volatile, given)
     else:
-        last = ex.calls[-1]
-        answer = key_value(last.result, named=isinstance(last.result, dict) and any(
-            strict_id(k) for k in last.arguments))
+        tail = ex.calls[-1]
+        answer = key_value(tail.result, named=isinstance(tail.result, dict) and any(
+            strict_id(k) for k in tail.arguments))
         if answer is None:
             return _episode(ex, DROP_NO_KEY_VALUE, "the last call returned no value a user would ask for"), None
     final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
     if answer is not None:
-        expected = read_only_expected(answer[1], _candidates(runtime, ex, answer, columns), final_answer)
+        expected = read_only_expected(answer[1], _candidates(initial, ex, answer, columns), final_answer)
     if not checks_something(expected):
-        return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs"), None
+        return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs", task_state=state), None
     code = verifier_code(expected, sorted(ignore))
     stats = QueryStats()
     names = [*columns, *(c for cols in columns.values() for c in cols)]
@@ -104,43 +111,44 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
                                               columns=names)
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
     if plan is None:
-        return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None
+        return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer, task_state=state), None
     calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
-    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer)
+    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer, initial=initial)
     episode = _episode(ex, usage=usage, messages=[t.message for t in plan.turns], turn_calls=turn_calls,
-                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer)
+                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer, task_state=state)
     if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
         return episode, None
-    vague = unresolved(ex, episode.messages, runtime.template.data, columns, answer, runtime.bundle.code or "")
+    vague = unresolved(ex, episode.messages, initial, columns, answer, runtime.bundle.code or "")
     if vague:
         episode.reason, episode.detail = DROP_AMBIGUOUS, vague[:400]
         return episode, None
     return episode, Candidate(task=task_text(episode), verifier_code=code,
-                              wrong_answers=_wrong_answers(runtime, ex, answer, columns),
-                              solution=calls, final_answer=final_answer)
+                              wrong_answers=_wrong_answers(initial, ex, answer, columns),
+                              solution=calls, final_answer=final_answer, task_state=state, initial_db=initial)
 
 
-def _column_values(runtime: EnvRuntime, answer: tuple[str, Any] | None, columns: Any) -> list[Any]:
+def _column_values(data: bytes, answer: tuple[str, Any] | None, columns: Any) -> list[Any]:
     """The values of the database column the asked field names (``title`` -> ``books.title``)."""
     leaf = answer[0].rsplit(".", 1)[-1].strip("[]") if answer else ""
     where = db_source(leaf, columns) if leaf else None
-    return column_values(runtime.template.data, *where, limit=500) if where else []
+    return column_values(data, *where, limit=500) if where else []
 
 
-def _candidates(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any], columns: Any) -> list[Any]:
+def _candidates(data: bytes, ex: Executed, answer: tuple[str, Any], columns: Any) -> list[Any]:
     """What else the answer could have named: the asked field's other values in the last answer
     and in its database column (an answer that states one of them too is a dump, or a guess)."""
-    return [*field_values(ex.calls[-1].result, answer[0]), *_column_values(runtime, answer, columns)]
+    return [*field_values(ex.calls[-1].result, answer[0]), *_column_values(data, answer, columns)]
 
 
-def _wrong_answers(runtime: EnvRuntime, ex: Executed, answer: tuple[str, Any] | None, columns: Any) -> list[str]:
+def _wrong_answers(data: bytes, ex: Executed, answer: tuple[str, Any] | None, columns: Any) -> list[str]:
     stated = [v for c in ex.calls for k, v in c.arguments.items() if not strict_id(k)]
-    return wrong_answers(answer, ex.calls[-1].result, _column_values(runtime, answer, columns), stated)
+    return wrong_answers(answer, ex.calls[-1].result, _column_values(data, answer, columns), stated)
 
 
 async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, llm: Any, sandbox: Any,
-                        solver: Solver, *, seed: int = 0, concurrency: int = 4) -> list[Episode]:
+                        solver: Solver, *, seed: int = 0, concurrency: int = 4,
+                        keep: float | None = DEFAULT_KEEP) -> list[Episode]:
     """Episodes of ``chains``: candidates made ``concurrency`` at a time, then gated together on
     one farm (an agent solves each written request; see ``synth.factory.gate``)."""
     limit = asyncio.Semaphore(max(1, concurrency))
@@ -148,7 +156,7 @@ async def make_episodes(runtime: EnvRuntime, chains: list[Chain], columns: Any, 
 
     async def one(chain: Chain) -> tuple[Episode, Candidate | None]:
         async with limit:
-            return await make_candidate(runtime, chain, columns, llm, sandbox, seed, ignore=ignore)
+            return await make_candidate(runtime, chain, columns, llm, sandbox, seed, ignore=ignore, keep=keep)
 
     made = await asyncio.gather(*(one(c) for c in chains))
     waiting = [(e, c) for e, c in made if c is not None]
@@ -180,13 +188,13 @@ def valid_records(records: list[dict[str, Any]], model: type[M]) -> tuple[list[M
 
 async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, store: JsonlStore, *, llm: Any,
                       sandbox: Any, solver: Solver, seed: int, concurrency: int,
-                      batch: int = 16) -> tuple[int, int]:
+                      batch: int = 16, keep: float | None = DEFAULT_KEEP) -> tuple[int, int]:
     """(episodes stored, chains left for a re-run because the LLM or agent endpoint failed); each batch's
     episodes are stored as soon as the gate decided them."""
     added = retry_later = 0
     for start in range(0, len(chains), batch):
         for episode in await make_episodes(runtime, chains[start:start + batch], columns, llm, sandbox, solver,
-                                           seed=seed, concurrency=concurrency):
+                                           seed=seed, concurrency=concurrency, keep=keep):
             if episode.reason in (LLM_ERROR, DROP_SOLVER_ERROR):  # an endpoint failed: not stored, a re-run tries again
                 retry_later += 1
             else:
@@ -196,8 +204,8 @@ async def _run_chains(runtime: EnvRuntime, chains: list[Chain], columns: Any, st
 
 async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, sandbox: Any, solver: Solver,
                           envs: list[str] | None = None, seed: int = 0, limit: int | None = None,
-                          concurrency: int = 4, batch: int = 16,
-                          tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
+                          concurrency: int = 4, batch: int = 16, tool_timeout_s: float = 10.0,
+                          keep: float | None = DEFAULT_KEEP) -> list[dict[str, Any]]:
     """Episodes for every chain of every env not done yet (``concurrency`` chains at a time, gated
     ``batch`` at a time, each batch's episodes stored as soon as they are decided); one summary row per env."""
     catalog, names = catalog_envs(catalog_path, envs)
@@ -217,7 +225,7 @@ async def queries_catalog(catalog_path: Path | None, out: Path, *, llm: Any, san
         todo = [c for c in chains if c.chain_id not in store]  # the rest was done by an earlier run
         added, retry_later = await _run_chains(runtime, todo[:limit] if limit is not None else todo, columns,
                                                store, llm=llm, sandbox=sandbox, solver=solver, seed=seed,
-                                               concurrency=concurrency, batch=batch)
+                                               concurrency=concurrency, batch=batch, keep=keep)
         episodes = list(store)
         rows.append({"env": name, "chains": len(chains), "bad_chain_records": bad, "new": added, "episodes": len(episodes),
                      "accepted": sum(bool(e.get("accepted")) for e in episodes), "llm_errors": retry_later})
