@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from envfarm._asgi import call_asgi
 from envfarm.catalog import load_catalog
 from envfarm.compose import compose_core
-from envfarm.errors import EnvNotFound, FarmNotReady
+from envfarm.errors import EnvfarmError, EnvNotFound, FarmNotReady
 from envfarm.farm import (
     BatchError,
     BatchItem,
@@ -38,6 +38,8 @@ from envfarm.farm import (
     Health,
     JSONGuard,
     LeaseRequest,
+    LiftRequest,
+    QuarantinedTask,
     RedactCredentials,
     ReplicaStatus,
     build_app,
@@ -46,6 +48,7 @@ from envfarm.farm import (
     install_error_handlers,
     install_status_routes,
     merge_exposition,
+    merge_quarantine,
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
@@ -154,6 +157,14 @@ class PoolReplica:
         app = serve.get_replica_context().app_name
         return self.core.replica_status(app).model_copy(update={"node": _node_id()}).model_dump()
 
+    async def quarantined(self, owner: str) -> list[dict[str, Any]]:
+        return [q.model_dump() for q in self.core.quarantine.listing()]
+
+    async def lift_quarantine(self, owner: str, env: str, task_idx: int | None,
+                              api_key: str | None = None) -> list[dict[str, Any]]:
+        self.core.tenants.identify(api_key)
+        return [q.model_dump() for q in self.core.quarantine.lift(self.core.served_name(env), task_idx)]
+
     async def drain(self, owner: str, timeout_s: float = 3.0) -> int:
         """Refuse new requests (503) and wait for those in flight: the farm is stopping."""
         return await self._drain.drain(timeout_s)
@@ -243,6 +254,21 @@ class Front:
 
         install_status_routes(app, status)
 
+        @app.get("/quarantine", response_model=list[QuarantinedTask])
+        async def quarantined() -> list[QuarantinedTask]:
+            """Every replica's quarantined tasks, merged (each counts its own leases)."""
+            return self._merged(await self.on_every_replica("quarantined"))
+
+        @app.post("/quarantine/lift", response_model=list[QuarantinedTask])
+        async def lift(request: Request, req: LiftRequest) -> Response | list[QuarantinedTask]:
+            """Lift on every replica that serves the env; what was lifted."""
+            answers = await self.on_every_replica("lift_quarantine", env=req.env, task_idx=req.task_idx,
+                                                  api_key=request.headers.get("x-envfarm-key"))
+            refused = next((a for a in answers if isinstance(a, EnvfarmError)), None)
+            if refused is not None and not any(isinstance(a, list) for a in answers):
+                return error_response(refused)
+            return self._merged(answers)
+
         @app.post("/batch/call", response_model=BatchResponse)
         async def batch_call(req: BatchRequest) -> BatchResponse:
             return BatchResponse(results=await self.batch(req.calls))
@@ -298,14 +324,19 @@ class Front:
         self._health = (now, health)
         return health
 
-    async def on_every_replica(self, method: str) -> list[Any]:
+    async def on_every_replica(self, method: str, **kwargs: Any) -> list[Any]:
         """Call a method on every pool replica (by index, up to each app's replica count;
         an app with fewer running gets some twice): answers, or the exceptions raised."""
         apps: dict[tuple[str, str], None] = dict.fromkeys(self.routes.values())
         calls = [fresh_call(getattr(self.handle_for(where), method),
-                            owner=f"{INDEX_PREFIX}{i}")
+                            owner=f"{INDEX_PREFIX}{i}", **kwargs)
                  for where in apps for i in range(self.replicas.get(where[0], 1))]
         return await asyncio.gather(*calls, return_exceptions=True)
+
+    @staticmethod
+    def _merged(answers: list[Any]) -> list[QuarantinedTask]:
+        lists = [[QuarantinedTask.model_validate(q) for q in a] for a in answers if isinstance(a, list)]
+        return merge_quarantine(lists)
 
     async def drain(self, timeout_s: float = 3.0) -> int:
         """Drain every pool replica at once (before Serve shuts down); requests still in
