@@ -186,3 +186,19 @@ def test_llm_path_judges_well_formed_probe_trajectories(mock_openai, runtime) ->
 def test_llm_path_a_strict_judge_passes_none(mock_openai, runtime) -> None:
     report = _llm_probe(mock_openai, runtime, "Agent Error")
     assert report.hacked == [] and not report.rejects and report.reference is Outcome.agent_error
+
+
+async def test_the_docs_example_runs() -> None:
+    """docs/integrity.md's example, as written (an async body)."""
+    import re
+    import textwrap
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "integrity.md"
+    (block,) = re.findall(r"```python\n(.*?)```", docs.read_text(), re.S)
+    namespace: dict = {}
+    exec("async def _example():\n" + textwrap.indent(block, "    ")  # noqa: S102 - our docs
+         + "\n    return report, reports\n", namespace)
+    report, reports = await namespace["_example"]()
+    assert report.task_idx == 0 and report.reference is Outcome.completed and not report.rejects
+    assert len(reports) == 10
