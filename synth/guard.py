@@ -12,6 +12,7 @@ task that has a reference solution, in place (the bundled catalog's were made so
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ from envfarm.catalog import Catalog
 from envfarm.dbrows import changed_rows
 from envfarm.runtime import EnvRuntime
 from envfarm.check import probe_arguments
+from synth.factory.verifier import _read_tables
 
 CODE_FUNCTION = "verify_task_completion"
 GUARDED = "_verify_unguarded"
@@ -29,30 +31,12 @@ _WRAPPER = '''
 
 def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: str | None = None) -> dict:
     """The task's own check, then: nothing the task does not touch was changed."""
-    import sqlite3
-
     GUARD = {guard!r}
     result = {inner}(initial_db_path, final_db_path, final_answer)
     if not isinstance(result, dict) or str(result.get("result", "")).strip().lower() != "complete":
         return result
 
-    def tables(path):
-        conn = sqlite3.connect(f"file:{{path}}?mode=ro", uri=True)
-        try:
-            names = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
-            out = {{}}
-            for table in names:
-                try:
-                    cur = conn.execute(f'SELECT rowid, * FROM "{{table}}"')
-                except sqlite3.Error:
-                    continue
-                out[table] = {{r[0]: r[1:] for r in cur.fetchall()}}
-            return out
-        finally:
-            conn.close()
-
-    before, after = tables(initial_db_path), tables(final_db_path)
+    before, after = _read_tables(initial_db_path), _read_tables(final_db_path)
     for table in sorted(set(before) | set(after)):
         if table in GUARD["ignore"]:
             continue
@@ -79,7 +63,8 @@ def guard_code(code: str, touched: dict[str, list[int]], ignore: list[str]) -> s
     line = defs[0].lineno - 1
     lines[line] = lines[line].replace(f"def {CODE_FUNCTION}(", f"def {GUARDED}(", 1)
     guard = {"touched": {t: sorted(rows) for t, rows in sorted(touched.items())}, "ignore": sorted(ignore)}
-    return "".join(lines).rstrip("\n") + "\n" + _WRAPPER.format(guard=guard, inner=GUARDED)
+    return ("".join(lines).rstrip("\n") + "\n" + _WRAPPER.format(guard=guard, inner=GUARDED)
+            + "\n\n" + inspect.getsource(_read_tables))
 
 
 async def touched_rows(runtime: EnvRuntime, idx: int) -> dict[str, list[int]] | None:

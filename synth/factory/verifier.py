@@ -36,32 +36,13 @@ def _clock_value(value: Any, given: set[str]) -> bool:
     return bool(_TIMESTAMP.match(value)) or value[:10] in today
 
 _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: str, final_answer: str | None = None) -> dict:
-    import sqlite3
-
     EXPECTED = {expected!r}
-
-    def tables(path):
-        conn = sqlite3.connect(f"file:{{path}}?mode=ro", uri=True)
-        try:
-            names = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
-            out = {{}}
-            for table in names:
-                try:
-                    cur = conn.execute(f'SELECT rowid AS "__rowid", * FROM "{{table}}"')
-                except sqlite3.Error:
-                    continue
-                cols = [d[0] for d in cur.description]
-                out[table] = {{r[0]: dict(zip(cols[1:], r[1:])) for r in cur.fetchall()}}
-            return out
-        finally:
-            conn.close()
 
     def matches(row, want):
         return all(row.get(k) == v for k, v in want.items())
 
     try:
-        before, after = tables(initial_db_path), tables(final_db_path)
+        before, after = _read_tables(initial_db_path), _read_tables(final_db_path)
     except Exception as exc:
         return {{"result": "others", "reason": f"a database cannot be read: {{exc}}"}}
     for table in sorted(set(before) | set(after)):
@@ -101,6 +82,28 @@ _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: s
 
 
 '''
+
+
+def _read_tables(path: str) -> dict:
+    """table -> rowid -> row (column -> value) of a database file, read only. Its source is part
+    of every templated and guarded verifier."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")]
+        out = {}
+        for table in names:
+            try:
+                cur = conn.execute(f'SELECT rowid AS "__rowid", * FROM "{table}"')
+            except sqlite3.Error:
+                continue
+            cols = [d[0] for d in cur.description]
+            out[table] = {r[0]: dict(zip(cols[1:], r[1:], strict=True)) for r in cur.fetchall()}
+        return out
+    finally:
+        conn.close()
 
 
 def states(text: str, value: object) -> bool:
@@ -204,7 +207,7 @@ def verifier_code(expected: dict[str, Any], ignore: list[str] | None = None) -> 
     :func:`read_only_expected`); ``ignore``: tables the env's reads write (left out)."""
     if ignore:
         expected = {**expected, "ignore": sorted(ignore)}
-    return _TEMPLATE.format(expected=expected) + inspect.getsource(states)
+    return _TEMPLATE.format(expected=expected) + inspect.getsource(_read_tables) + "\n\n" + inspect.getsource(states)
 
 
 def checks_something(expected: dict[str, Any]) -> bool:

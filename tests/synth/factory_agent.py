@@ -210,6 +210,27 @@ def scripted_solver(mock: MockOpenAI) -> AgentSolver:
     return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=16, window=None, max_tool_chars=1 << 20))
 
 
+def run_episodes(runtime: Any, chains: list[Any], mock: MockOpenAI, sandbox: Any, columns: Any = None) -> list[Any]:
+    """``make_episodes`` on ``chains`` with the scripted agent on ``mock`` (whose world the caller
+    installed)."""
+    import asyncio
+
+    from envfarm.llm import LLMClient, LLMConfig
+    from synth.factory.dbvalues import db_columns
+    from synth.factory.queries import make_episodes
+
+    async def main() -> list[Any]:
+        solver = scripted_solver(mock)
+        try:
+            async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
+                return await make_episodes(runtime, chains, columns if columns is not None else
+                                           db_columns(runtime.template.data), llm, sandbox, solver)
+        finally:
+            await solver.aclose()
+
+    return asyncio.run(main())
+
+
 def trainer_agent_loop(endpoint: AgentEndpoint) -> AgentSolver:
     """What the composition root registers: the trainer's loop with an OpenAI-compatible policy."""
     policy = OpenAIPolicy(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, max_retries=0)

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from envfarm.llm import LLMClient, LLMConfig
 from synth.factory.execute import DROP_IDLE_WRITE
 from synth.factory.gate import (
     DROP_HACKABLE,
@@ -17,21 +16,13 @@ from synth.factory.gate import (
     gate_batch,
 )
 from synth.factory.model import Binding, Chain, Step, task_text
-from synth.factory.queries import make_episodes
 from synth.factory.verifier import verifier_code, wrong_answers
-from tests.synth.factory_agent import ScriptedWorld, scripted_solver
+from tests.synth.factory_agent import ScriptedWorld, run_episodes, scripted_solver
 from tests.synth.factory_run import request
 
 
 def _run(runtime, columns, chains, mock, sandbox):
-    async def main():
-        solver = scripted_solver(mock)
-        try:
-            async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
-                return await make_episodes(runtime, chains, columns, llm, sandbox, solver)
-        finally:
-            await solver.aclose()
-    return asyncio.run(main())
+    return run_episodes(runtime, chains, mock, sandbox, columns)
 
 
 def _verdict(sandbox, code, initial, final, answer):

@@ -17,29 +17,16 @@ import pytest
 
 from envfarm import EnvRuntime, load_catalog
 from envfarm.hackprobes import HackProbe, ProbeTask, probe_task
-from envfarm.llm import LLMClient, LLMConfig
 from envfarm.models import ToolCall
 from judge import Judge, JudgeConfig
-from synth.factory.dbvalues import db_columns
 from synth.factory.model import Binding, Chain, Step, task_text
-from synth.factory.queries import make_episodes
 from synth.factory.querygen import leak
-from tests.synth.factory_agent import ScriptedWorld, scripted_solver
+from tests.synth.factory_agent import ScriptedWorld, run_episodes
 from tests.synth.factory_words import HonestReader
 
 
 def _episodes(runtime, chains, mock, sandbox):
-    columns = db_columns(runtime.template.data)
-
-    async def main():
-        solver = scripted_solver(mock)
-        try:
-            async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
-                return await make_episodes(runtime, chains, columns, llm, sandbox, solver)
-        finally:
-            await solver.aclose()
-
-    return asyncio.run(main())
+    return run_episodes(runtime, chains, mock, sandbox)
 
 
 def _probes(runtime, episode, sandbox):
