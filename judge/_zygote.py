@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envfarm
+import envfarm.jail
 
 if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
-_NOBODY = 65534
 
 
 class VerifierErrorKind(str, Enum):
@@ -103,11 +103,11 @@ class Zygote:
     def __init__(self, config: SandboxConfig, stage_dir: str) -> None:
         self.config = config
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        drop = config.drop_privileges and os.geteuid() == 0
+        identity = envfarm.jail.worker_identity().config() if config.drop_privileges else {}
         zconf = json.dumps({
             "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
             "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "uid": _NOBODY if drop else None, "allow_unconfined": config.allow_unconfined})
+            "allow_unconfined": config.allow_unconfined, **identity})
         cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]

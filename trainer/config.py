@@ -40,6 +40,10 @@ class TrainConfig(BaseModel):
     mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch per "
                               "epoch (paper: batch 64 / mini-batch 16 = 4)")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each rollout batch")
+    importance: str = Field(default="token", pattern="^(token|sequence)$",
+                            description="token: PPO's per-token ratio and clip; sequence: "
+                            "one ratio per sample, the geometric mean of its token ratios, "
+                            "clipped at sequence level (GSPO-style, the paper's App. A)")
     # precision and memory at scale
     param_dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$",
                              description="dtype of the trained weights (the optimizer's "

@@ -57,6 +57,8 @@ class EpisodeConfig:
     system: str = field(default_factory=system_prompt)
     judge: Any = None              # a trainer.judging.EpisodeJudge: the llm reward path
                                    # (None: the farm's verify, the code path)
+    prompt_budget: Any = None      # a trainer.budget.PromptBudget: every prompt measured;
+                                   # a listing that does not fit becomes names only
 
 
 @dataclass
@@ -186,6 +188,9 @@ class _Episode:
     async def _turns(self, lease: Lease) -> EndReason:
         for turn in range(self.cfg.max_turns):
             prompt = window(self.messages, self.cfg.window)
+            if self.cfg.prompt_budget is not None:  # never a prompt the server would cut
+                self.cfg.prompt_budget.check(prompt, f"{self.env} task {self.task_idx} "
+                                                     f"turn {turn}")
             ctx = TurnContext(env=self.env, task_idx=self.task_idx, task=self.task, turn=turn)
             t = time.perf_counter()
             try:
@@ -219,14 +224,12 @@ class _Episode:
             self.tools = [ToolSchema(name=s.name, description=s.description,
                                      input_schema=s.input_schema) for s in specs]
             self.format.tools = self.tools  # the trajectory's copy, as check_format sees it
-            listing = ([compact_tool(t) for t in self.tools]
-                       if self.cfg.tool_listing == "compact" else
-                       [t.name for t in self.tools] if self.cfg.tool_listing == "names" else
-                       # what model_dump() gives, without its deep copy of every schema
-                       # (~8 ms of client CPU per episode over 38 tools)
-                       [{"name": t.name, "description": t.description,
-                         "input_schema": t.input_schema} for t in self.tools])
-            content = tool_content(True, listing, max_chars=1 << 30)  # never cut the list
+            content = self._listing(self.cfg.tool_listing)
+            budget = self.cfg.prompt_budget
+            if budget is not None and self.cfg.tool_listing != "names":
+                content = budget.choose_listing(
+                    self.messages, content, lambda: self._listing("names"),
+                    f"{self.env} task {self.task_idx} (list_tools, {len(self.tools)} tools)")
         else:  # call_tool; check_format has vetted name and arguments
             name = call.arguments["tool_name"]
             raw = call.arguments.get("arguments", "{}")
@@ -248,6 +251,16 @@ class _Episode:
                     self._add(Message(role="tool", content=content))
                     raise _End(EndReason.env_error, f"{name}: {res.error.message}")
         self._add(Message(role="tool", content=content))
+
+    def _listing(self, kind: str) -> str:
+        """The ``list_tools`` answer: full schemas, compact lines, or the names alone."""
+        listing = ([compact_tool(t) for t in self.tools] if kind == "compact" else
+                   [t.name for t in self.tools] if kind == "names" else
+                   # what model_dump() gives, without its deep copy of every schema
+                   # (~8 ms of client CPU per episode over 38 tools)
+                   [{"name": t.name, "description": t.description,
+                     "input_schema": t.input_schema} for t in self.tools])
+        return tool_content(True, listing, max_chars=1 << 30)  # never cut the list
 
     async def _judge(self, lease: Lease, end: EndReason) -> Verdict:
         report = self.format.report()

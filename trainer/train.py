@@ -81,12 +81,7 @@ class Trainer:
                                          tool_listing=config.tool_listing,
                                          max_tool_chars=config.max_tool_chars,
                                          judge=self.judge)
-        self.grpo_cfg = GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
-                                   kl_coef=config.kl_coef, micro_batch=config.micro_batch,
-                                   max_grad_norm=config.max_grad_norm,
-                                   mini_batches=config.mini_batches,
-                                   ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
-                                   autocast=config.autocast, seed=config.seed)
+        self.grpo_cfg = grpo_config(config)
 
     def _task_list(self, catalog: Any) -> list[tuple[str, int]]:
         envs = self.cfg.envs or catalog.servable
@@ -182,6 +177,16 @@ async def quarantined(farm: Farm) -> set[tuple[str, int | None]]:
         return {(q.env, q.task_idx) for q in await farm.quarantined()}
     except EnvfarmError:
         return set()
+
+
+def grpo_config(config: TrainConfig) -> GRPOConfig:
+    """The update's settings of a training run."""
+    return GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
+                      kl_coef=config.kl_coef, micro_batch=config.micro_batch,
+                      max_grad_norm=config.max_grad_norm, mini_batches=config.mini_batches,
+                      ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
+                      autocast=config.autocast, seed=config.seed,
+                      importance=config.importance)
 
 
 def rollout_samples(groups: list[list[EpisodeResult]], tokenizer: Any

@@ -53,7 +53,9 @@ class WorkerOptions:
     probe_module_state: bool = True
 
     def worker_config(self) -> dict[str, Any]:
-        return {"jail": self.jail, "memory_mb": self.memory_mb}
+        from envfarm.jail import worker_identity  # root: each worker gets a uid of its own
+
+        return {"jail": self.jail, "memory_mb": self.memory_mb, **worker_identity().config()}
 
 
 class WorkerEnv:

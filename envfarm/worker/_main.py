@@ -25,6 +25,10 @@ from envfarm.worker import _frames
 _EXIT_GRACE_S = 1.0
 #: Largest tool answer passed on (an agent reads it; the front parses it).
 MAX_RESULT_BYTES = 8 << 20
+#: Threads (tasks of its uid) a worker may have: FastAPI runs sync handlers on up to 40 anyio
+#: threads, plus the event loop, the call watchdog and executors. A thread bomb stops here,
+#: with a typed error, instead of filling the host's pid table.
+MAX_THREADS = 128
 
 
 def _private_channel() -> tuple[int, int]:
@@ -37,14 +41,38 @@ def _private_channel() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
-    if not config.get("jail", True):
-        return "unconfined (the farm was started with --allow-unconfined)"
-    from envfarm.jail import JailPolicy, enter
+def _leave_project_root() -> None:
+    """The front puts the project's root on PYTHONPATH so that this process finds envfarm. A
+    checkout's root holds much more (tests, benchmarks, .git, local settings): once envfarm is
+    imported its package folder is enough, so the root leaves sys.path and with it the jail's
+    readable roots, which follow sys.path. An installed envfarm's root is site-packages: kept."""
+    import envfarm
 
-    policy = JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
-                        processes=False)
-    return enter(policy, keep_fds=keep).describe()
+    root = os.path.dirname(os.path.dirname(os.path.realpath(envfarm.__file__)))
+    if os.path.basename(root) in ("site-packages", "dist-packages"):
+        return
+    sys.path[:] = [p for p in sys.path if not (isinstance(p, str) and os.path.isabs(p)
+                                               and os.path.realpath(p) == root)]
+
+
+def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
+    from envfarm import jail
+
+    policy = jail.JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
+                             processes=False, uid=jail.uid_from_config(config),
+                             keep_imports=True,
+                             max_threads=MAX_THREADS if "uid_base" in config else None)
+    if not config.get("jail", True):  # switching uid needs no kernel feature: still done
+        jail.switch_identity(policy)
+        return f"unconfined (the farm was started with --allow-unconfined), {_who(policy)}"
+    return f"{jail.enter(policy, keep_fds=keep).describe()}, {_who(policy)}"
+
+
+def _who(policy) -> str:
+    uid = os.getuid()
+    if policy.max_threads and uid == policy.uid:
+        return f"uid {uid}, at most {policy.max_threads} threads"
+    return f"uid {uid}"
 
 
 class Worker:
@@ -177,6 +205,7 @@ def main() -> None:
 
     import envfarm.runtime  # noqa: F401
 
+    _leave_project_root()
     # The event loop's self-pipe is a socketpair: made now, as the jail forbids sockets.
     loop = asyncio.new_event_loop()
     # Only fds 0-2 were inherited (the front spawns with close_fds): every other open fd is

@@ -202,3 +202,15 @@ def test_healthz_says_ready_with_every_env_warm(serve_farm):
     assert health["ready"] is True and health["waiting_for"] == [] and health["envs"] == [ENV]
     assert health["free_instances"] >= 1
     assert httpx.get(serve_farm.url + "/status.json").json()["ready"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a farm that is not root keeps its uid in workers")
+def test_env_workers_under_serve_run_as_uids_of_their_own(serve_farm):
+    """The replicas spawn workers independently; each still gets an unprivileged uid no other
+    worker has (issue 34)."""
+    import psutil
+
+    uids = [p.uids().real for p in psutil.Process().children(recursive=True)
+            if "envfarm.worker" in " ".join(p.cmdline())]
+    assert len(uids) >= REPLICAS
+    assert all(uid >= 0x7000_0000 for uid in uids) and len(set(uids)) == len(uids), uids
