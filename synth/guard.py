@@ -12,7 +12,6 @@ task that has a reference solution, in place (the bundled catalog's were made so
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import os
 from pathlib import Path
@@ -22,7 +21,7 @@ from envfarm.catalog import Catalog
 from envfarm.dbrows import changed_rows
 from envfarm.runtime import EnvRuntime
 from envfarm.check import probe_arguments
-from synth.factory.verifier import _read_tables
+from synth.factory.verifier import READER, reader_source
 
 CODE_FUNCTION = "verify_task_completion"
 GUARDED = "_verify_unguarded"
@@ -36,7 +35,7 @@ def verify_task_completion(initial_db_path: str, final_db_path: str, final_answe
     if not isinstance(result, dict) or str(result.get("result", "")).strip().lower() != "complete":
         return result
 
-    before, after = _read_tables(initial_db_path), _read_tables(final_db_path)
+    before, after = {reader}(initial_db_path), {reader}(final_db_path)
     for table in sorted(set(before) | set(after)):
         if table in GUARD["ignore"]:
             continue
@@ -63,8 +62,8 @@ def guard_code(code: str, touched: dict[str, list[int]], ignore: list[str]) -> s
     line = defs[0].lineno - 1
     lines[line] = lines[line].replace(f"def {CODE_FUNCTION}(", f"def {GUARDED}(", 1)
     guard = {"touched": {t: sorted(rows) for t, rows in sorted(touched.items())}, "ignore": sorted(ignore)}
-    return ("".join(lines).rstrip("\n") + "\n" + _WRAPPER.format(guard=guard, inner=GUARDED)
-            + "\n\n" + inspect.getsource(_read_tables))
+    return ("".join(lines).rstrip("\n") + "\n" + _WRAPPER.format(guard=guard, inner=GUARDED, reader=READER)
+            + "\n\n" + reader_source())
 
 
 async def touched_rows(runtime: EnvRuntime, idx: int) -> dict[str, list[int]] | None:

@@ -42,7 +42,7 @@ _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: s
         return all(row.get(k) == v for k, v in want.items())
 
     try:
-        before, after = _read_tables(initial_db_path), _read_tables(final_db_path)
+        before, after = {reader}(initial_db_path), {reader}(final_db_path)
     except Exception as exc:
         return {{"result": "others", "reason": f"a database cannot be read: {{exc}}"}}
     for table in sorted(set(before) | set(after)):
@@ -84,9 +84,18 @@ _TEMPLATE = '''def verify_task_completion(initial_db_path: str, final_db_path: s
 '''
 
 
-def _read_tables(path: str) -> dict:
+#: what generated verifiers call ``read_tables`` (a name no verifier of the catalog's own uses)
+READER = "_envfarm_read_tables"
+
+
+def reader_source() -> str:
+    """``read_tables``'s source, named ``READER``."""
+    return inspect.getsource(read_tables).replace("def read_tables(", f"def {READER}(", 1)
+
+
+def read_tables(path: str) -> dict:
     """table -> rowid -> row (column -> value) of a database file, read only. Its source is part
-    of every templated and guarded verifier."""
+    of every templated and guarded verifier, as ``READER`` (``reader_source``)."""
     import sqlite3
 
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -207,7 +216,7 @@ def verifier_code(expected: dict[str, Any], ignore: list[str] | None = None) -> 
     :func:`read_only_expected`); ``ignore``: tables the env's reads write (left out)."""
     if ignore:
         expected = {**expected, "ignore": sorted(ignore)}
-    return _TEMPLATE.format(expected=expected) + inspect.getsource(_read_tables) + "\n\n" + inspect.getsource(states)
+    return _TEMPLATE.format(expected=expected, reader=READER) + reader_source() + "\n\n" + inspect.getsource(states)
 
 
 def checks_something(expected: dict[str, Any]) -> bool:
