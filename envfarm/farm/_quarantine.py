@@ -64,18 +64,19 @@ class _Counts:
         self.sums = [0, 0, 0, 0]
 
     def add(self, second: int, window: int, slot: int, bad: bool) -> None:
-        if not self.buckets or self.buckets[-1][0] != second:
-            self.buckets.append([second, 0, 0, 0, 0])
-        while self.buckets[0][0] <= second - window:
-            old = self.buckets.popleft()
-            for i in range(4):
-                self.sums[i] -= old[i + 1]
-        bucket = self.buckets[-1]
+        buckets, sums = self.buckets, self.sums
+        if not buckets or buckets[-1][0] != second:  # a new second: old ones may leave the window
+            buckets.append([second, 0, 0, 0, 0])
+            while buckets[0][0] <= second - window:
+                old = buckets.popleft()
+                for i in range(4):
+                    sums[i] -= old[i + 1]
+        bucket = buckets[-1]
         bucket[slot + 1] += 1
-        self.sums[slot] += 1
+        sums[slot] += 1
         if bad:
             bucket[slot + 2] += 1
-            self.sums[slot + 1] += 1
+            sums[slot + 1] += 1
 
 
 class Quarantine:
@@ -85,6 +86,7 @@ class Quarantine:
                  flagged: dict[str, dict[int, str]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self.owner, self._clock = config, owner, clock
+        self._on, self._window = config.enabled, max(1, int(config.window_s))  # read per call
         self._counts: dict[Key, _Counts] = {}
         self.entries: dict[Key, QuarantinedTask] = {}
         self.events = {"quarantined": 0, "lifted": 0, "refused": 0}
@@ -114,9 +116,9 @@ class Quarantine:
         self._record(env, task_idx, 2, bad)
 
     def _record(self, env: str, task_idx: int | None, slot: int, bad: bool) -> None:
-        if not self.config.enabled:
+        if not self._on:
             return
-        second, window = int(self._clock()), max(1, int(self.config.window_s))
+        second, window = int(self._clock()), self._window
         if task_idx is not None:
             key: Key = (env, task_idx)
             if key in self.entries:
