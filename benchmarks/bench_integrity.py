@@ -60,7 +60,7 @@ from synth.factory.queries import make_episodes
 from tests.fakes.mock_openai import MockOpenAI
 from tests.synth.factory_agent import ScriptedWorld, scripted_solver
 
-async def main(envs, n):
+async def main(envs, n, kw):
     with MockOpenAI() as mock, VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
         ScriptedWorld().install(mock)
         solver = scripted_solver(mock)
@@ -70,20 +70,22 @@ async def main(envs, n):
                 columns = db_columns(runtime.template.data)
                 graph = await build_graph(runtime, embedder=None)
                 chains = sample_chains(graph, columns, n=n, max_len=3, seed=0)
-                for e in await make_episodes(runtime, chains, columns, llm, sandbox, solver):
+                for e in await make_episodes(runtime, chains, columns, llm, sandbox, solver, **kw):
                     print(json.dumps(e.model_dump(mode="json")), flush=True)
         await solver.aclose()
 
-asyncio.run(main(sys.argv[1].split(","), int(sys.argv[2])))
+asyncio.run(main(sys.argv[1].split(","), int(sys.argv[2]), {"keep": None} if sys.argv[3:] == ["shared"] else {}))
 '''
 
 
-def factory_episodes(checkout: Path, envs: list[str], n: int) -> list[dict]:
-    """The episodes of ``checkout``'s EnvFactory pipeline on ``envs`` (a subprocess on its code)."""
+def factory_episodes(checkout: Path, envs: list[str], n: int, shared: bool = False) -> list[dict]:
+    """The episodes of ``checkout``'s EnvFactory pipeline on ``envs`` (a subprocess on its code);
+    ``shared``: every chain on the env's sample data (no per-scenario state)."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(_FACTORY_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run([sys.executable, fh.name, ",".join(envs), str(n)], cwd=checkout, env=env,
+    out = subprocess.run([sys.executable, fh.name, ",".join(envs), str(n), *(["shared"] if shared else [])],
+                         cwd=checkout, env=env,
                          capture_output=True, text=True, timeout=3600, check=True)
     os.unlink(fh.name)
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -157,14 +159,14 @@ async def main(args: argparse.Namespace) -> list[dict]:
             rows.append(_row("bundled catalog, before", await probe_catalog(
                 args.before / "envfarm" / "catalog", judge, ENVS), flagged=0, note="no quarantine before"))
         rows.append(_row("bundled catalog, after", await probe_catalog(None, judge, ENVS)))
-        if args.before:
-            eps = factory_episodes(args.before, ENVS, args.chains)
-            rows.append(_row("EnvFactory run, before", await probe_episodes(eps, judge), flagged=0,
-                             chains=len(eps), accepted=sum(bool(e.get("accepted")) for e in eps)))
-        eps = factory_episodes(REPO, ENVS, args.chains)
-        rows.append(_row("EnvFactory run, after", await probe_episodes(eps, judge), chains=len(eps),
-                         accepted=sum(bool(e.get("accepted")) for e in eps),
-                         drops=dict(sorted(Counter(e["reason"] for e in eps if not e["accepted"]).items()))))
+        runs = [("EnvFactory run, before", args.before, False)] if args.before else []
+        runs += [("EnvFactory run, after", REPO, False),
+                 ("EnvFactory run, after, every chain on the shared sample data", REPO, True)]
+        for source, checkout, shared in runs:
+            eps = factory_episodes(checkout, ENVS, args.chains, shared)
+            rows.append(_row(source, await probe_episodes(eps, judge), **({"flagged": 0} if checkout != REPO else {}),
+                             chains=len(eps), accepted=sum(bool(e.get("accepted")) for e in eps),
+                             drops=dict(sorted(Counter(e["reason"] for e in eps if not e["accepted"]).items()))))
         rows.append(_row("AWM-1K samples", await probe_awm(judge)))
     return rows
 
