@@ -16,7 +16,12 @@ from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._pool import InstancePool
-from envfarm.farm._quarantine import Quarantine, QuarantineConfig, merge_quarantine
+from envfarm.farm._quarantine import (
+    Quarantine,
+    QuarantineConfig,
+    install_quarantine_routes,
+    merge_quarantine,
+)
 from envfarm.farm._status import (
     EnvStatus,
     FarmStatus,
@@ -114,6 +119,7 @@ __all__ = [
     "hash_key",
     "health_response",
     "install_error_handlers",
+    "install_quarantine_routes",
     "install_status_routes",
     "is_loopback",
     "load_tenants",

@@ -25,6 +25,7 @@ from envfarm.farm._http import (
 from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._mcp import LeaseMCP
+from envfarm.farm._quarantine import install_quarantine_routes
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER
 from envfarm.models import CallResult, ToolSpec
@@ -69,6 +70,17 @@ _key = [Depends(APIKeyHeader(name="X-Envfarm-Key", auto_error=False,
 class Which(str, Enum):
     current = "current"
     initial = "initial"
+
+
+def _quarantine_routes(app: FastAPI, core: FarmCore) -> None:
+    async def quarantined() -> list[QuarantinedTask]:
+        return core.quarantine.listing()
+
+    async def lift(req: LiftRequest, key: str | None) -> list[QuarantinedTask]:
+        core.tenants.identify(key)  # a lift takes the farm API key of lease creation
+        return core.quarantine.lift(core.served_name(req.env), req.task_idx)
+
+    install_quarantine_routes(app, quarantined, lift)
 
 
 def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
@@ -136,18 +148,7 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         Takes the farm API key of lease creation (a cold start costs a worker)."""
         return await core.warm(env, request.headers.get(KEY_HEADER))
 
-    @app.get("/quarantine", response_model=list[QuarantinedTask], tags=["farm"])
-    async def quarantined() -> list[QuarantinedTask]:
-        """Tasks out of rotation (new leases get ``TaskQuarantined``), and why."""
-        return core.quarantine.listing()
-
-    @app.post("/quarantine/lift", response_model=list[QuarantinedTask], tags=["farm"],
-              responses={k: _ERRORS[k] for k in (401, 403, 404, 422)}, dependencies=_key)
-    async def lift(request: Request, req: LiftRequest) -> list[QuarantinedTask]:
-        """Put a task (or every task of an env type) back into rotation; what was lifted.
-        Takes the farm API key of lease creation."""
-        core.tenants.identify(request.headers.get(KEY_HEADER))
-        return core.quarantine.lift(core.served_name(req.env), req.task_idx)
+    _quarantine_routes(app, core)
 
     create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 409, 413, 422, 429, 503)}
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
+from fastapi import Depends, FastAPI, Request
+from fastapi.security import APIKeyHeader
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from envfarm.errors import TaskQuarantined
-from envfarm.wire import QuarantinedTask
+from envfarm.farm._tenants import KEY_HEADER
+from envfarm.wire import ErrorBody, LiftRequest, QuarantinedTask
 
 #: (env, task_idx); task_idx None is the env type as a whole
 Key = tuple[str, int | None]
@@ -183,24 +186,41 @@ def merge_quarantine(lists: list[list[QuarantinedTask]]) -> list[QuarantinedTask
 
 
 class QuarantineCollector(Collector):
-    """``envfarm_quarantined{env}`` (tasks out of rotation; the env type counts as one) and
-    ``envfarm_quarantine_events_total{event}``, read at scrape time."""
+    """``envfarm_quarantined{scope}`` (tasks, and whole env types, out of rotation: which ones is
+    on /quarantine) and ``envfarm_quarantine_events_total{event}``, read at scrape time."""
 
     def __init__(self, owner: str, quarantine: Quarantine) -> None:
         self.owner, self.quarantine = owner, quarantine
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        gauge = GaugeMetricFamily("envfarm_quarantined", "Tasks out of rotation (quarantined), per "
-                                  "env; a whole env type counts as one.", labels=["owner", "env", "scope"])
-        counts: dict[tuple[str, str], int] = {}
-        for e in self.quarantine.entries.values():
-            scope = "env" if e.task_idx is None else "task"
-            counts[(e.env, scope)] = counts.get((e.env, scope), 0) + 1
-        for (env, scope), n in sorted(counts.items()):
-            gauge.add_metric([self.owner, env, scope], n)
+        gauge = GaugeMetricFamily("envfarm_quarantined", "Out of rotation: tasks (scope task) and whole "
+                                  "env types (scope env).", labels=["owner", "scope"])
+        entries = list(self.quarantine.entries.values())
+        for scope in ("task", "env"):
+            gauge.add_metric([self.owner, scope], sum((e.task_idx is None) == (scope == "env") for e in entries))
         yield gauge
         events = CounterMetricFamily("envfarm_quarantine_events", "Quarantines, lifts, and leases "
                                      "refused for a quarantined task.", labels=["owner", "event"])
         for event, n in sorted(self.quarantine.events.items()):
             events.add_metric([self.owner, event], n)
         yield events
+
+
+def install_quarantine_routes(app: FastAPI, listing: Callable[[], Awaitable[list[QuarantinedTask]]],
+                              lift: Callable[[LiftRequest, str | None], Awaitable[list[QuarantinedTask]]]
+                              ) -> None:
+    """``GET /quarantine`` and ``POST /quarantine/lift`` (the caller's farm API key handed to
+    ``lift``): one process's, or the Serve front's over every replica."""
+    key = [Depends(APIKeyHeader(name=KEY_HEADER, auto_error=False, description="A tenant's farm API key."))]
+
+    @app.get("/quarantine", response_model=list[QuarantinedTask], tags=["farm"])
+    async def quarantined() -> list[QuarantinedTask]:
+        """Tasks out of rotation (new leases get ``TaskQuarantined``), and why."""
+        return await listing()
+
+    @app.post("/quarantine/lift", response_model=list[QuarantinedTask], tags=["farm"], dependencies=key,
+              responses={k: {"model": ErrorBody} for k in (401, 403, 404, 422)})
+    async def lift_quarantine(request: Request, req: LiftRequest) -> list[QuarantinedTask]:
+        """Put a task (or every task of an env type) back into rotation; what was lifted. Takes
+        the farm API key of lease creation."""
+        return await lift(req, request.headers.get(KEY_HEADER))

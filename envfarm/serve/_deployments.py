@@ -46,6 +46,7 @@ from envfarm.farm import (
     error_response,
     health_response,
     install_error_handlers,
+    install_quarantine_routes,
     install_status_routes,
     merge_exposition,
     merge_quarantine,
@@ -77,6 +78,10 @@ OWN_APP_PREFIX = "env-"
 def _owner_tag() -> str:
     # Replica ids are alphanumeric today; keep only safe characters in case that changes.
     return re.sub(r"[^A-Za-z0-9_]", "", serve.get_replica_context().replica_id.unique_id)
+
+
+def _merged(answers: list[Any]) -> list[QuarantinedTask]:
+    return merge_quarantine([[QuarantinedTask.model_validate(q) for q in a] for a in answers if isinstance(a, list)])
 
 
 def _node_id() -> str:
@@ -254,20 +259,7 @@ class Front:
 
         install_status_routes(app, status)
 
-        @app.get("/quarantine", response_model=list[QuarantinedTask])
-        async def quarantined() -> list[QuarantinedTask]:
-            """Every replica's quarantined tasks, merged (each counts its own leases)."""
-            return self._merged(await self.on_every_replica("quarantined"))
-
-        @app.post("/quarantine/lift", response_model=list[QuarantinedTask])
-        async def lift(request: Request, req: LiftRequest) -> Response | list[QuarantinedTask]:
-            """Lift on every replica that serves the env; what was lifted."""
-            answers = await self.on_every_replica("lift_quarantine", env=req.env, task_idx=req.task_idx,
-                                                  api_key=request.headers.get("x-envfarm-key"))
-            refused = next((a for a in answers if isinstance(a, EnvfarmError)), None)
-            if refused is not None and not any(isinstance(a, list) for a in answers):
-                return error_response(refused)
-            return self._merged(answers)
+        install_quarantine_routes(app, self.quarantined, self.lift_quarantine)
 
         @app.post("/batch/call", response_model=BatchResponse)
         async def batch_call(req: BatchRequest) -> BatchResponse:
@@ -333,10 +325,16 @@ class Front:
                  for where in apps for i in range(self.replicas.get(where[0], 1))]
         return await asyncio.gather(*calls, return_exceptions=True)
 
-    @staticmethod
-    def _merged(answers: list[Any]) -> list[QuarantinedTask]:
-        lists = [[QuarantinedTask.model_validate(q) for q in a] for a in answers if isinstance(a, list)]
-        return merge_quarantine(lists)
+    async def quarantined(self) -> list[QuarantinedTask]:
+        """Every replica's quarantined tasks, merged (each counts its own leases)."""
+        return _merged(await self.on_every_replica("quarantined"))
+
+    async def lift_quarantine(self, req: LiftRequest, key: str | None) -> list[QuarantinedTask]:
+        """Lift on every replica that serves the env; what was lifted."""
+        answers = await self.on_every_replica("lift_quarantine", env=req.env, task_idx=req.task_idx, api_key=key)
+        if not any(isinstance(a, list) for a in answers):
+            raise next((a for a in answers if isinstance(a, EnvfarmError)), EnvNotFound(f"no replica serves {req.env!r}"))
+        return _merged(answers)
 
     async def drain(self, timeout_s: float = 3.0) -> int:
         """Drain every pool replica at once (before Serve shuts down); requests still in

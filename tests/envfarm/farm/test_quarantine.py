@@ -61,9 +61,9 @@ async def test_env_errors_quarantine_a_task_until_lifted(catalog, bundled_catalo
         listed = (await client.get("/quarantine")).json()
         assert [(q["task_idx"], q["source"]) for q in listed] == [(0, "errors"), (2, "flagged")]
         metrics = (await client.get("/metrics")).text
-        quarantined = sorted(line.split("{")[1] for line in metrics.splitlines()
-                             if line.startswith("envfarm_quarantined{"))
-        assert len(quarantined) == 1 and f'env="{ENV}"' in quarantined[0] and 'scope="task"' in quarantined[0]
+        quarantined = {line.split('scope="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                       for line in metrics.splitlines() if line.startswith("envfarm_quarantined{")}
+        assert quarantined == {"task": 2.0, "env": 0.0}
         assert any(line.startswith("envfarm_quarantine_events_total{") and 'event="refused"' in line
                    and line.endswith(" 1.0") for line in metrics.splitlines()), metrics
         status = (await client.get("/status.json")).json()
