@@ -8,6 +8,7 @@ exactly as it sees an agent.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,7 @@ class EnvKit:
         self.runtime = runtime
         self.endpoints = spec_endpoints(runtime.bundle.api_spec)
         self.tools: list[ToolSpec] = runtime.tools
-        self._harmless: dict[bytes, ToolCall | None] = {}
+        self._harmless: dict[bytes, ToolCall | None] = {}  # by the starting database's digest
 
     def writes(self, tool: str) -> bool:
         """The tool's HTTP method asks for a change (anything but GET/HEAD)."""
@@ -72,8 +73,9 @@ class EnvKit:
     async def harmless(self, initial: bytes, avoid: set[str]) -> ToolCall | None:
         """A read that succeeds and changes nothing (a no-op agent's one call), preferring
         tools the reference does not use and tools without required arguments."""
-        if initial in self._harmless:
-            return self._harmless[initial]
+        key = hashlib.sha256(initial).digest()
+        if key in self._harmless:
+            return self._harmless[key]
         reads = sorted((t for t in self.tools if not self.writes(t.name)),
                        key=lambda t: (t.name in avoid, len(t.input_schema.get("required", []))))
         found = None
@@ -85,7 +87,7 @@ class EnvKit:
                     break
             if found:
                 break
-        self._harmless[initial] = found
+        self._harmless[key] = found
         return found
 
     async def dump(self, initial: bytes, solution: list[ToolCall]) -> tuple[Episode, list[str]]:
