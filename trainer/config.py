@@ -54,6 +54,10 @@ class TrainConfig(BaseModel):
                                          "activations in backward (long prompts, big models)")
     logit_chunk: int = Field(default=1024, ge=1, description="completion positions per "
                              "LM-head chunk")
+    branch_at: int | None = Field(
+        default=None, ge=0,
+        description="branching mode: each group is one episode run to this turn, then forked "
+                    "into group_size branches (trainer/branching.py); None: independent rollouts")
     guide_fraction: float = Field(
         default=0.0, ge=0, le=1,
         description="share of each group replaying the task's reference solution instead of "

@@ -21,6 +21,7 @@ from envfarm import load_catalog
 from envfarm.client import EnvfarmError, Farm
 from judge import Outcome
 from trainer import checkpoint, judging, metrics
+from trainer.branching import run_branches
 from trainer.config import TrainConfig
 from trainer.episode import EpisodeConfig, EpisodeResult, TurnRecord, run_episode
 from trainer.grpo import (
@@ -142,8 +143,17 @@ class Trainer:
 
     async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int
                      ) -> list[EpisodeResult]:
-        """G rollouts of one task on G instances leased in one request."""
+        """G rollouts of one task on G instances leased in one request (branching mode: G
+        branches of one episode, ``trainer.branching``)."""
         g = self.cfg.group_size
+        if self.cfg.branch_at is not None:
+            async with gate:
+                try:
+                    return await run_branches(farm, self.policy, env, task_idx, k=g,
+                                              at_turn=self.cfg.branch_at,
+                                              config=self.episode_cfg)
+                except EnvfarmError:
+                    return []
         try:
             leases = await farm.acquire_many(env, g, task_idx=task_idx)
         except EnvfarmError:

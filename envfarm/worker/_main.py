@@ -4,9 +4,10 @@ Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.w
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
 one frame each way: ``new``/``drop`` an instance (of the template, or of a task's own starting
-database), ``call`` a tool, ``reset``, ``snapshot``, ``task_initial`` (that database),
-``isolation`` (the module-state probe). Generated code never sees the channel's fds by name;
-what it could do with them anyway is bounded by the front, which checks every reply.
+database), ``call`` a tool, ``reset``, ``snapshot``, ``restore``/``clone`` (a fork),
+``task_initial`` (a task's starting database), ``isolation`` (the module-state probe). Generated
+code never sees the channel's fds by name; what it could do with them anyway is bounded by the
+front, which checks every reply.
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ class Worker:
         if op == "snapshot":
             async with inst.lock:
                 return {"ok": True}, inst.snapshot()
+        if op in ("restore", "clone"):  # a fork: the parent's state, sent or held here
+            if op == "clone":
+                src = self.instances.get(int(header.get("src", -1)))
+                if src is None:
+                    return {"ok": True, "restored": False, "error": "no source instance"}, b""
+                async with src.lock:
+                    payload = src.snapshot()
+            async with inst.lock:
+                try:
+                    inst.restore(payload)
+                except Exception as exc:  # noqa: BLE001 - bytes it cannot read: say so
+                    return {"ok": True, "restored": False,
+                            "error": f"{type(exc).__name__}: {exc}"[:300]}, b""
+            return {"ok": True, "restored": True}, b""
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
 
 

@@ -4,7 +4,7 @@ Each attack here passed on the code before the issue's fixes: the templated read
 accepted the request echoed, a dump of every value and a destructive write beside the right
 answer; the leak check missed tool names written as words; the gate's test agent replayed the
 chain, so it "solved" requests no honest agent could (which payment method?). The agent is now
-honest (``tests/synth/factory_words.py``) and synth drops a request that does not single out what
+honest (``tests/fakes/factory_words.py``) and synth drops a request that does not single out what
 the chain acted on (``synth.factory.ambiguity``).
 """
 
@@ -21,8 +21,8 @@ from envfarm.models import ToolCall
 from judge import Judge, JudgeConfig
 from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.querygen import leak
-from tests.synth.factory_agent import ScriptedWorld, run_episodes
-from tests.synth.factory_words import HonestReader
+from tests.fakes.factory_agent import ScriptedWorld, run_episodes
+from tests.fakes.factory_words import HonestReader
 
 
 def _episodes(runtime, chains, mock, sandbox):

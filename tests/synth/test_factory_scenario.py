@@ -19,7 +19,7 @@ from synth.factory.export import export_env
 from synth.factory.graph import build_graph
 from synth.factory.scenario import scenario_drop, scenario_state
 from tests.envfarm.farm.conftest import farm_client
-from tests.synth.factory_agent import ScriptedWorld
+from tests.fakes.factory_agent import ScriptedWorld
 from tests.synth.test_factory_integrity import _episodes
 
 ENV = "hotel_booking_1"
