@@ -75,3 +75,32 @@ async def test_leases_of_a_task_start_from_its_state_in_workers(catalog_dir) -> 
             assert (await lease.verify()).valid  # judged against its own start
             await lease.release()
             await plain.release()
+
+
+async def test_a_fork_keeps_the_task_state_and_a_quarantined_task_takes_no_fork(catalog_dir) -> None:
+    """A fork is a new lease of the task: it starts from the parent's database now, its resets
+    and its verifier's initial database are the task's own start; once the task is quarantined,
+    a fork is refused like any new lease."""
+    from envfarm import EnvRuntime
+    from envfarm.compose import compose_core
+
+    catalog = load_catalog(catalog_dir)
+    runtime = EnvRuntime(catalog[ENV])
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1)), catalog=catalog, runtimes={ENV: runtime})
+    async with farm_client(core) as client:
+        info = (await client.post(f"/envs/{ENV}/leases", json={"task_idx": 5})).json()
+        path, auth = f"/envs/{ENV}/leases/{info['lease_id']}", {"Authorization": f"Bearer {info['token']}"}
+        await client.post(path + "/call", headers=auth, json={"tool": "delete_payment_method",
+                                                               "arguments": {"payment_method_id": 2}})
+        child = (await client.post(path + "/fork", headers=auth, json={})).json()
+        cpath = f"/envs/{ENV}/leases/{child['lease_id']}"
+        cauth = {"Authorization": f"Bearer {child['token']}"}
+        now = (await client.get(cpath + "/snapshot", headers=cauth)).content
+        assert now == (await client.get(path + "/snapshot", headers=auth)).content
+        assert _missing((await client.get(cpath + "/snapshot?which=initial", headers=cauth)).content,
+                        runtime.template.data) == DROP
+        await client.post(cpath + "/reset", headers=cauth)
+        assert _missing((await client.get(cpath + "/snapshot", headers=cauth)).content, runtime.template.data) == DROP
+        core.quarantine._put((ENV, 5), "test: put out of rotation", "errors")
+        refused = await client.post(path + "/fork", headers=auth, json={})
+        assert refused.status_code == 409 and refused.json()["error"]["type"] == "TaskQuarantined"
