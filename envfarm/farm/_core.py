@@ -33,6 +33,7 @@ from envfarm.farm._config import FarmConfig
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._quarantine import Quarantine, QuarantineCollector
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import InstanceHandle, ServedEnv
@@ -110,6 +111,9 @@ class FarmCore:
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
         self.metrics.registry.register(TenantCollector(self.owner, self.tenants))
+        self.quarantine = Quarantine(config.quarantine, self.owner, {
+            name: self.catalog[name].flagged for name in self.loader.names if self.catalog[name].flagged})
+        self.metrics.registry.register(QuarantineCollector(self.owner, self.quarantine))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
@@ -211,7 +215,7 @@ class FarmCore:
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
                              pools=self.pool_stats(), window=self.window.snapshot(),
                              isolation=self.isolation, tenants=self.tenants.status(),
-                             types=self.registry.counts())
+                             types=self.registry.counts(), quarantined=self.quarantine.listing())
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
@@ -267,10 +271,11 @@ class FarmCore:
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
+        self.quarantine.admit(name, req.task_idx)
         self.registry.pin(name)  # not evicted while this lease is being made
         try:
             served = await self.registry.get(name)
-            instance = await served.acquire(tenant)
+            instance = await served.acquire(tenant, req.task_idx)
         finally:
             self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
@@ -315,10 +320,11 @@ class FarmCore:
         key = (parent.tenant, parent.env, req.idempotency_key or "")
         if self._idempotent.get(key) in self.leases:  # a repeat: the fork it made
             return self._info(self.leases[self._idempotent[key]], mcp_prefix)
+        self.quarantine.admit(parent.env, parent.task_idx)  # a fork is a new lease of the task
         self.tenants.admit_leases(parent.tenant)
         opened = False
         try:
-            instance = await served.acquire(parent.tenant)
+            instance = await served.acquire(parent.tenant, parent.task_idx)  # the task's start
             try:  # the parent's state at one moment: read under its lock
                 await instance.copy_from(self.held(parent).instance)
             except WorkerLost as exc:
@@ -377,6 +383,7 @@ class FarmCore:
 
     def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
         """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
+        self.quarantine.record_call(lease.env, lease.task_idx, bad=True)
         self._close(lease, f"lease_lost: {why}")
         return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
                          "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
@@ -454,6 +461,7 @@ class FarmCore:
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
             # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
+        self.quarantine.record_call(lease.env, lease.task_idx, outcome == "env_error")
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
         self.window.record_call(lease.env, outcome, res.elapsed_ms / 1000)
@@ -482,6 +490,9 @@ class FarmCore:
             lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier,
             self.verify_gate)
         lease.touch()
+        # a lease whose agent never connected says nothing about the env
+        self.quarantine.record_verification(lease.env, task_idx,
+                                            not verdict.valid and verdict.error_kind != "unauthorized")
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
         return VerifyResponse(task_idx=task_idx, **verdict.model_dump(exclude={"reward", "valid"}))

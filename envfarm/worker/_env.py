@@ -22,6 +22,7 @@ from typing import Any
 
 from envfarm.errors import PoolExhausted
 from envfarm.models import EnvBundle, ToolSpec
+from envfarm.worker import _frames
 from envfarm.wire import PoolStats
 from envfarm.worker._committed import Template
 from envfarm.worker._instance import RemoteInstance
@@ -114,6 +115,7 @@ class WorkerEnv:
             first.kill("probed a module that keeps state: not reused")
             self.workers = []
         self._ids = itertools.count(1)
+        self._task_initials: dict[int, Template] = {}  # task -> its own starting database
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
         self.open_leases = 0
@@ -133,7 +135,7 @@ class WorkerEnv:
                   else WorkerProcess(self.options.worker_config(), stderr=self.options.stderr))
         load = {"op": "load", "bundle": self.bundle.model_dump(
                     mode="json", include={"name", "code", "db_schema", "sample_data",
-                                          "api_spec"}),
+                                          "api_spec", "task_states"}),
                 "call_timeout_s": self.options.call_timeout_s,
                 "max_payload_bytes": self.options.max_payload_bytes,
                 "foreign_keys": self.options.foreign_keys, "probe_module_state": probe}
@@ -178,13 +180,20 @@ class WorkerEnv:
     def leased(self) -> int:
         return self.open_leases
 
-    async def acquire(self, tenant: str = "anonymous") -> RemoteInstance:
-        """An instance for a new lease of ``tenant``, on a worker that holds only its leases."""
+    async def acquire(self, tenant: str = "anonymous", task_idx: int | None = None
+                      ) -> RemoteInstance:
+        """An instance for a new lease of ``tenant``, on a worker that holds only its leases: of
+        the template, or of the task's own starting database when its bundle gives it one
+        (``EnvBundle.task_states``)."""
+        task = task_idx if self.bundle.task_states.get(task_idx) else None
         while True:
             worker = await self.place(tenant, new_lease=True)
             inst = RemoteInstance(self, worker, self.new_inst(), tenant)
             try:
-                worker.post({"op": "new", "inst": inst.inst})
+                initial = None if task is None else await self._task_initial(worker, task)
+                inst = RemoteInstance(self, worker, self.new_inst(), tenant, initial, task)
+                worker.post({"op": "new", "inst": inst.inst,
+                             **({} if task is None else {"task": task})})
                 break
             except WorkerLost:  # it died meanwhile: place the lease on another worker
                 worker.leases -= 1
@@ -273,6 +282,19 @@ class WorkerEnv:
             if not self._suspects[tenant]:
                 del self._suspects[tenant], self._ward_locks[tenant]
                 self._wards.pop(tenant, None)
+
+    async def _task_initial(self, worker: WorkerProcess, task: int) -> Template:
+        """A task's starting database, as the worker builds it (once per task: the front runs no
+        SQL of the env's own)."""
+        if task not in self._task_initials:
+            reply, data = await worker.request({"op": "task_initial", "task": task},
+                                               self.options.deadline_grace_s + 5,
+                                               cap=_frames.MAX_DB_BYTES)
+            if not reply.get("ok") or not data.startswith(_SQLITE_MAGIC):
+                worker.kill("sent a malformed task database")
+                raise WorkerLost(worker.lost or "killed")
+            self._task_initials[task] = Template(data)
+        return self._task_initials[task]
 
     async def _grow(self) -> None:
         """One more worker; concurrent callers share the start under way."""

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from envfarm.errors import EnvLoadError
 from envfarm.models import CallResult, ToolSpec
 from envfarm.worker import _frames
-from envfarm.worker._committed import CommittedState
+from envfarm.worker._committed import CommittedState, Template
 from envfarm.worker._process import ANSWERED, GUILTY, SUSPECT, WorkerLost, WorkerProcess
 
 if TYPE_CHECKING:
@@ -46,15 +46,20 @@ class InstanceClosed(Exception):
 class RemoteInstance:
     """A lease's instance, living in a worker; requests on it run one at a time."""
 
-    __slots__ = ("env", "worker", "inst", "tenant", "state", "closed", "moves", "_lost",
-                 "_lock")
+    __slots__ = ("env", "worker", "inst", "tenant", "initial", "task", "state", "closed",
+                 "moves", "_lost", "_lock")
 
-    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int, tenant: str) -> None:
+    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int, tenant: str,
+                 initial: Template | None = None, task: int | None = None) -> None:
         self.env = env
         self.worker = worker
         self.inst = inst
         self.tenant = tenant
-        self.state = CommittedState(env.template)
+        #: What resets go back to and verifiers compare with: the env's template, or the
+        #: starting database of ``task`` (EnvFactory's per-scenario state).
+        self.initial = env.template if initial is None else initial
+        self.task = task
+        self.state = CommittedState(self.initial)
         self.closed = False  # released: no request of it is sent any more
         self.moves = 0
         self._lost: str | None = None
@@ -77,7 +82,7 @@ class RemoteInstance:
         return self._lock.locked()
 
     def initial_snapshot(self) -> bytes:
-        return self.env.template.data
+        return self.initial.data
 
     # -- requests ---------------------------------------------------------------------------
     async def call(self, tool: str, arguments: Any) -> CallResult:
@@ -116,7 +121,7 @@ class RemoteInstance:
         async with self._lock:
             reply, _ = await self._ask({"op": "restore"}, self._grace_s, payload=data)
             self._restored(reply)
-            state = CommittedState(self.env.template)
+            state = CommittedState(self.initial)
             state.load(data)
             self._take(state)
 
@@ -226,7 +231,8 @@ class RemoteInstance:
         self.moves += 1
         self.env.placed(self)
         image = self.state.image() if self.state.pages is not None else b""
-        worker.post({"op": "new", "inst": self.inst}, image)
+        worker.post({"op": "new", "inst": self.inst,
+                     **({} if self.task is None else {"task": self.task})}, image)
 
     def _give_up(self, why: str) -> WorkerLost:
         self._lost = why

@@ -3,11 +3,12 @@
 Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
-one frame each way: ``new`` (an instance, from the template or from the image the frame
-carries), ``drop`` it, ``call`` a tool (the answer, then the pages of the database that the call
-changed: the front keeps each lease's committed state), ``reset``, ``snapshot``,
-``restore``/``clone`` (a fork). Generated code never sees the channel's fds by name; what it
-could do with them anyway is bounded by the front, which checks every reply.
+one frame each way: ``new`` (an instance of the template or of a task's own starting
+database, or from the image the frame carries), ``drop`` it, ``call`` a tool (the answer, then
+the pages of the database that the call changed: the front keeps each lease's committed state),
+``reset``, ``snapshot``, ``restore``/``clone`` (a fork), ``task_initial`` (a task's starting
+database). Generated code never sees the channel's fds by name; what it could do with them
+anyway is bounded by the front, which checks every reply.
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ class Worker:
     def on_frame(self, header: dict[str, Any], payload: bytes) -> None:
         op, rid = header.get("op"), header.get("id")
         if op == "new":  # in order, before any later frame: no await between them
-            inst = self.runtime.instance()
+            task = header.get("task")  # a task's own start (EnvFactory's per-scenario state)
+            inst = self.runtime.instance(
+                self.runtime.task_initial(int(task)) if task is not None else None)
             if payload:  # a lease moved here from a lost worker: its committed state
                 inst.restore(payload)
             self.instances[int(header["inst"])] = inst
             # the object its next call's rollback point is, read calls then ship nothing
-            self.shipped[int(header["inst"])] = payload or self.runtime.template.data
+            self.shipped[int(header["inst"])] = payload or inst.initial
             return
         if op == "drop":
             self.shipped.pop(int(header["inst"]), None)
@@ -128,6 +131,8 @@ class Worker:
                   ) -> tuple[dict[str, Any], bytes]:
         if op == "ping":
             return {"ok": True}, b""
+        if op == "task_initial":  # the starting database of a task with a state of its own
+            return {"ok": True}, self.runtime.task_initial(int(header["task"]))
         inst = self.instances.get(int(header.get("inst", -1)))
         if inst is None:
             return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""
@@ -147,7 +152,7 @@ class Worker:
         if op == "reset":
             async with inst.lock:
                 inst.reset()
-                self.shipped[int(header["inst"])] = self.runtime.template.data
+                self.shipped[int(header["inst"])] = inst.initial
             return {"ok": True}, b""
         if op == "snapshot":
             async with inst.lock:
