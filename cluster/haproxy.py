@@ -3,7 +3,7 @@ per-server counters (``show stat`` on its admin socket).
 
 For an operator asking why calls queue or fail (is a server marked down? does traffic go through
 Serve's Python-proxy fallback?), and for the test and the soak that check the farm's HAProxy
-tuning (``envfarm/serve/_ingress.py``). Serve writes each HAProxy's files under
+tuning (``cluster/serve/_ingress.py``). Serve writes each HAProxy's files under
 ``/tmp/haproxy-serve/<node id>/`` (or ``$RAY_SERVE_HAPROXY_SERVER_STATE_BASE``) on its node;
 the port a farm's URL names picks the HAProxy.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def _root() -> str:
-    """Serve's folder, or the one a farm moved it to (``envfarm/serve/_ingress.py``)."""
+    """Serve's folder, or the one a farm moved it to (``cluster/serve/_ingress.py``)."""
     return os.environ.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "/tmp/haproxy-serve")
 
 

@@ -13,7 +13,7 @@ Run it (inside a private network namespace: every port is on loopback only):
         --workers 3 --envs hotel_booking_1 --run "curl -s $ENVFARM_INGRESS_0/envs"'
 
 Without ``--run`` it prints every node's ingress and holds the cluster until Ctrl-C. The pytest
-fixture of tests/envfarm/serve/test_multinode.py and benchmarks/serve/bench_multinode.py use the same
+fixture of tests/cluster/serve/test_multinode.py and benchmarks/serve/bench_multinode.py use the same
 functions.
 """
 
@@ -41,7 +41,7 @@ MANIFEST = REPO / "k8s" / "rayservice.yaml"
 LOCAL_TENANT = "local"
 #: Serve stops a direct-ingress replica this long after its last request so outside load
 #: balancers can drop it (30 s by default). Here the only balancer is each node's HAProxy,
-#: which reloads in well under a second (as envfarm/serve/_run.py does on one node).
+#: which reloads in well under a second (as cluster/serve/_run.py does on one node).
 LOCAL_DRAIN = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from envfarm import _binding, _guard, _sqlite_guard
-from envfarm._asgi import asgi_request, decode_body
 from envfarm._guard import Tracked
 from envfarm._tools import (
     Operation,
@@ -24,6 +23,7 @@ from envfarm._tools import (
     openapi_as_fastapi_mcp,
     openapi_for_tools,
 )
+from envfarm.asgi import asgi_request, decode_body
 from envfarm.dbrows import without_rows
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec

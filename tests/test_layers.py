@@ -1,6 +1,6 @@
 """The packages are layered one way, read from the source (every import, lazy ones included):
 
-    contracts < runtime < farm | client < judge < synth < compose/serve < trainer < cli
+    contracts < runtime < farm | client < judge < synth < trainer < compose/serve < cli
 
 A module imports only from its own layer group or the ones below; the farm and the client (one
 layer, two groups) know nothing of each other; a private module (``x._y``) is imported only from
@@ -8,7 +8,9 @@ inside the package ``x``; nothing imports the command line. The SDK's weight is 
 importing it with the server side blocked.
 
 The top-level folders are layered too (``FOLDERS``, bottom first): no import runs up a folder,
-so the folders have no cycle; the test suite and the benchmarks share only ``tests/fakes``.
+so the folders have no cycle; the test suite and the benchmarks share only ``tests/fakes``. The
+composition root (``cluster/``: compose, the Serve shell, the command line) sits above every
+package it composes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("envfarm", "judge", "synth", "trainer")
+PACKAGES = ("envfarm", "judge", "synth", "trainer", "cluster")
 
 #: (group, rank, module prefixes); the longest matching prefix places a module.
 LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
@@ -32,9 +34,10 @@ LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
     ("client", 2, ("envfarm.client",)),
     ("judge", 3, ("judge",)),
     ("synth", 4, ("synth",)),
-    ("compose", 5, ("envfarm.compose", "envfarm.serve")),
-    ("trainer", 6, ("trainer",)),
-    ("cli", 7, ("envfarm.cli", "envfarm.cli_envs", "envfarm.cli_farm", "envfarm.cli_hacks")),
+    ("trainer", 5, ("trainer",)),
+    ("compose", 6, ("cluster",)),
+    ("cli", 7, ("cluster.cli", "cluster.cli_envs", "cluster.cli_farm", "cluster.cli_hacks",
+                "cluster.cli_train", "cluster.gpu_check")),
 ]
 
 
@@ -108,8 +111,8 @@ def test_every_import_points_down():
     ("envfarm.farm._core", "judge", ["Judge"]),            # the farm is handed its verifier
     ("judge.core", "synth.llm", ["LLMClient"]),             # upward
     ("envfarm.client._client", "envfarm.farm", ["Lease"]),  # sideways: the SDK is light
-    ("synth.stages.env", "envfarm.cli", ["app"]),           # nothing imports the CLI
-    ("envfarm.serve._build", "envfarm.farm._http", ["error_response"]),  # private
+    ("synth.stages.env", "cluster.cli", ["app"]),           # nothing imports the CLI
+    ("cluster.serve._build", "envfarm.farm._http", ["error_response"]),  # private
     ("trainer", "envfarm.farm", ["_core"]),                 # private, spelled the other way
 ])
 def test_the_check_catches(module, target, names):
@@ -117,24 +120,15 @@ def test_the_check_catches(module, target, names):
 
 
 def test_the_check_allows_what_the_layers_allow():
-    assert not violations("envfarm.serve._deployments", [(1, "envfarm._asgi", ["call_asgi"])])
-    assert not violations("envfarm.compose", [(1, "judge", ["Judge"])])
-    assert not violations("envfarm.cli", [(1, "synth.cli", ["app"])])
+    assert not violations("cluster.serve._deployments", [(1, "envfarm.asgi", ["call_asgi"])])
+    assert not violations("cluster.compose", [(1, "judge", ["Judge"])])
+    assert not violations("cluster.cli", [(1, "synth.cli", ["app"])])
     assert not violations("envfarm.farm._core", [(1, "envfarm.farm._pool", ["InstancePool"])])
 
 
 #: The top-level folders that hold Python, bottom first: a folder imports only from itself and
 #: the folders before it. The benchmarks measure what the tests prove, so they sit above them.
 FOLDERS = ("envfarm", "judge", "synth", "trainer", "cluster", "tests", "benchmarks")
-
-#: Imports that run up a folder today, (module, folder it imports from): the composition root
-#: (compose, the command line) still lives in envfarm/, the bottom folder. Issue 36 phase B
-#: removes these; the list only shrinks (an entry no import needs any more fails the test).
-KNOWN_UPWARD = {
-    ("envfarm.cli", "judge"), ("envfarm.cli", "synth"), ("envfarm.cli", "trainer"),
-    ("envfarm.cli_envs", "judge"), ("envfarm.compose", "judge"),
-}
-
 
 def folder_imports() -> dict[str, set[str]]:
     """module -> every first-party module it imports (relative imports resolved), over all the
@@ -155,33 +149,27 @@ def folder_imports() -> dict[str, set[str]]:
 
 
 def folder_violations(graph: dict[str, set[str]]) -> list[str]:
-    """Imports up a folder (beyond ``KNOWN_UPWARD``), imports between tests and benchmarks other
-    than through ``tests.fakes``, and entries of ``KNOWN_UPWARD`` nothing needs any more."""
-    found, used = [], set()
+    """Imports up a folder, and imports between tests and benchmarks other than through
+    ``tests.fakes``."""
+    found = []
     for module, targets in graph.items():
         top = module.split(".")[0]
         for target in sorted(targets):
             to = target.split(".")[0]
             fake = target == "tests.fakes" or target.startswith("tests.fakes.")
             if FOLDERS.index(to) > FOLDERS.index(top):
-                if (module, to) in KNOWN_UPWARD:
-                    used.add((module, to))
-                else:
-                    found.append(f"{module} ({top}) imports {target} ({to}): up a folder")
+                found.append(f"{module} ({top}) imports {target} ({to}): up a folder")
             elif top == "benchmarks" and to == "tests" and not fake:
                 found.append(f"{module} imports {target}: benchmarks share only tests.fakes")
             elif module.startswith("tests.fakes") and to == "tests" and not fake:
                 found.append(f"{module} imports {target}: tests.fakes stands alone")
-    found += [f"KNOWN_UPWARD lists {m} -> {f}, which no import needs: remove it"
-              for m, f in sorted(KNOWN_UPWARD - used) if m in graph]
     return found
 
 
 def test_no_import_runs_up_a_folder():
     graph = folder_imports()
     assert not (found := folder_violations(graph)), "\n".join(found)
-    edges = {(m.split(".")[0], t.split(".")[0]) for m, ts in graph.items() for t in ts
-             if (m, t.split(".")[0]) not in KNOWN_UPWARD}
+    edges = {(m.split(".")[0], t.split(".")[0]) for m, ts in graph.items() for t in ts}
     order = graphlib.TopologicalSorter({f: {t for s, t in edges if s == f and t != f}
                                         for f in FOLDERS})
     assert len(list(order.static_order())) == len(FOLDERS)  # graphlib.CycleError on a cycle
@@ -189,7 +177,8 @@ def test_no_import_runs_up_a_folder():
 
 @pytest.mark.parametrize(("module", "target"), [
     ("judge.core", "trainer.grpo"),                    # up a folder
-    ("envfarm.farm._core", "judge"),                   # up, and not a known edge
+    ("envfarm.farm._core", "judge"),                   # the farm is handed its judge
+    ("envfarm.cli", "cluster.compose"),                # the bottom folder composes nothing
     ("tests.envfarm.test_x", "benchmarks.farm.bench"), # the suite needs no benchmark
     ("cluster.local_cluster", "tests.fakes.toy_env"),  # nothing but benchmarks uses the tests
     ("benchmarks.synth.bench", "tests.synth.scripted"),  # past the fakes
@@ -199,11 +188,10 @@ def test_the_folder_check_catches(module, target):
     assert folder_violations({module: {target}})
 
 
-def test_the_folder_check_allows_the_fakes_and_shrinks():
+def test_the_folder_check_allows_the_fakes_and_what_lies_below():
     assert not folder_violations({"benchmarks.judge.bench": {"tests.fakes.mock_openai", "judge"},
                                   "tests.synth.test_x": {"tests.fakes", "cluster.haproxy"},
-                                  "envfarm.compose": {"judge"}})
-    assert folder_violations({"envfarm.cli": {"envfarm.errors"}})  # a stale known edge
+                                  "cluster.compose": {"judge"}})
 
 
 _BLOCKED = """
@@ -240,7 +228,7 @@ print("ok")
 
 
 def test_the_sdk_runs_episodes_without_the_server_side():
-    from envfarm.compose import LocalFarm
+    from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
 
     with LocalFarm(FarmConfig(envs=["hotel_booking_1"], pool=PoolConfig(warm=1))) as farm:

@@ -29,7 +29,7 @@ _EPISODE = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
 from envfarm.client import SyncFarm
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.jail import worker_identity
 print("identity:", worker_identity().describe())
@@ -129,7 +129,7 @@ def test_verifiers_say_why_they_get_no_network_namespace(monkeypatch, caplog):
 
 
 def test_serve_haproxy_gets_a_folder_of_its_own_where_the_shared_one_is_not_writable(tmp_path):
-    from envfarm.serve._ingress import HAPROXY_FILES, haproxy_files
+    from cluster.serve._ingress import HAPROXY_FILES, haproxy_files
 
     assert haproxy_files(str(tmp_path)) == {}  # ours: Serve's own default stays
     moved = haproxy_files("/proc/envfarm-haproxy")  # nobody may write there, root included

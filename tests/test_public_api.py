@@ -15,8 +15,8 @@ def _isort_key(name: str) -> tuple[int, str]:
 #: Every public face: the contracts, the runtime, the farm, the SDK, the LLM client, the judge,
 #: the hack probes, the composition and the Serve shell.
 PUBLIC = ["envfarm", "envfarm.errors", "envfarm.models", "envfarm.wire", "envfarm.verdict",
-          "envfarm.llm", "envfarm.farm", "envfarm.client", "envfarm.hackprobes", "envfarm.compose",
-          "envfarm.serve", "judge"]
+          "envfarm.llm", "envfarm.farm", "envfarm.client", "envfarm.hackprobes", "cluster.compose",
+          "cluster.serve", "judge"]
 
 
 @pytest.mark.parametrize("module", PUBLIC)
@@ -41,9 +41,9 @@ def test_error_tree_has_one_root_and_one_status_table():
 def test_one_definition_of_each_contract():
     """The judge and the farm re-export the contracts; they do not define their own."""
     import envfarm
+    from envfarm import errors, models, verdict, wire
     import envfarm.farm
     import judge
-    from envfarm import errors, models, verdict, wire
 
     for name in ("REWARDS", "Outcome", "Verdict", "reward_for"):
         assert getattr(judge, name) is getattr(verdict, name)

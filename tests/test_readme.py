@@ -24,7 +24,7 @@ async def test_readme_sdk_example_runs_against_a_farm():
     """The SDK example, against a real --no-ray farm on loopback."""
     import textwrap
 
-    from envfarm.compose import LocalFarm
+    from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
 
     (block,) = re.findall(r"```python farm\n(.*?)```", README.read_text(), re.S)

@@ -64,7 +64,7 @@ def free_port() -> int:
 # -- --no-ray: the farm in one uvicorn process (a subprocess, so the client has its own GIL) --
 def start_no_ray(warm: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    code = ("from envfarm.compose import compose_core\n"
+    code = ("from cluster.compose import compose_core\n"
             "from envfarm.farm import FarmConfig, PoolConfig, make_server\n"
             f"core = compose_core(FarmConfig(envs=[{ENV!r}], pool=PoolConfig(warm={warm})))\n"
             f"make_server(core, '127.0.0.1', {port}).run()\n")
@@ -341,8 +341,8 @@ def main() -> None:
                                         "replicas": args.replicas,
                                         "no_ray_procs_equal": procs_equal, "tool": TOOL,
                                         "env": ENV}}
+    from cluster.serve import DeploymentOptions, ServeOptions, start_farm
     from envfarm.farm import FarmConfig, PoolConfig
-    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
     started = [start_no_ray(warm=64) for _ in range(max(1, procs_equal))]
     proc, local_url = started[0]

@@ -22,8 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
+from cluster.compose import compose_core
 from envfarm import load_catalog
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, ForkRequest, LeaseRequest, PoolConfig
 
 ROOT = Path(__file__).resolve().parents[1]

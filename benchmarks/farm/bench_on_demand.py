@@ -334,7 +334,7 @@ def main() -> None:
         farm_log = args.out.with_suffix(".farm.log").open("w")  # its warnings, if any
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from envfarm.cli import app; app()", "serve", "--no-ray",
+            [sys.executable, "-c", "from cluster.cli import app; app()", "serve", "--no-ray",
              "--catalog", tmp, "--port", str(args.port), "--evict-idle", str(args.evict_idle),
              "--max-loaded", str(args.max_loaded)],
             env=env, stdout=subprocess.DEVNULL, stderr=farm_log)

@@ -193,7 +193,7 @@ async def main() -> None:
     load_before = os.getloadavg()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    farm = start([sys.executable, "-m", "envfarm.cli", "serve", "--no-ray", "--catalog",
+    farm = start([sys.executable, "-m", "cluster.cli", "serve", "--no-ray", "--catalog",
                   str(args.awm_data), "--envs", args.env, "--port", str(port)],
                  {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, url)
     try:

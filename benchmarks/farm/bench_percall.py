@@ -53,7 +53,7 @@ PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 #: these substrings; everything else is "other".
 STAGES = [
     ("env code + SQLite", ("awm_env", "sqlalchemy", "sqlite3")),
-    ("ASGI into env app (FastAPI/starlette)", ("envfarm/_asgi", "fastapi/", "starlette/",
+    ("ASGI into env app (FastAPI/starlette)", ("envfarm/asgi", "fastapi/", "starlette/",
                                                "pydantic")),
     ("runtime guard/snapshot/rollback", ("envfarm/runtime", "envfarm/_guard",
                                          "envfarm/_sqlite_guard", "envfarm/_binding")),

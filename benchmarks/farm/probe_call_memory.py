@@ -23,7 +23,7 @@ import tracemalloc
 
 import psutil
 
-from envfarm.compose import compose_core
+from cluster.compose import compose_core
 from envfarm.farm import FarmConfig, LeaseRequest, PoolConfig
 
 ENV = "hotel_booking_1"

@@ -39,9 +39,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._procs import wait_http
+from cluster.compose import compose_core
 from envfarm import load_catalog
 from envfarm.client import ASGITransport, Farm
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, build_app, free_port
 from judge import Judge, JudgeConfig, JudgeRequest
 from trainer.episode import EpisodeConfig, run_episode

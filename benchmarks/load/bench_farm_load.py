@@ -210,7 +210,7 @@ def tree_memory(root_pid: int | None = None, exclude_self: bool = True,
 
 async def handle_acquire(n: int = 100) -> dict:
     """Lease acquire over DeploymentHandles from this (driver) process, no HTTP proxy."""
-    from envfarm.serve import InClusterFarm
+    from cluster.serve import InClusterFarm
 
     farm = await InClusterFarm.connect()
     lat = []
@@ -225,7 +225,7 @@ async def handle_acquire(n: int = 100) -> dict:
 
 async def handle_calls(duration_s: float, workers: int = 4, batch: int = 64) -> dict:
     """The in-cluster path: batched calls over DeploymentHandles from this (driver) process."""
-    from envfarm.serve import InClusterFarm
+    from cluster.serve import InClusterFarm
 
     farm = await InClusterFarm.connect()
     groups = [[await farm.lease(ENV) for _ in range(batch)] for _ in range(workers)]

@@ -243,8 +243,8 @@ def main() -> None:
                  "unshare --net sh -c 'ip link set lo up && exec python benchmarks/load/soak.py'")
     import ray
 
+    from cluster.serve import DeploymentOptions, ServeOptions, start_farm
     from envfarm.farm import FarmConfig, PoolConfig, free_port
-    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
     ongoing = {} if args.max_ongoing is None else {"max_ongoing_requests": args.max_ongoing}
     farm = start_farm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8)),

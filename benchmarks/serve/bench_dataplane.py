@@ -67,7 +67,7 @@ def wait_http(url: str, path: str, timeout_s: float = 240.0) -> None:
 # The --no-ray process with ``fast_paths=False``: every request through FastAPI / FastMCP, as
 # before the fast paths (envfarm.farm._fastpath), for a before/after ratio in one run.
 _FRAMEWORKS_ONLY = (
-    "import sys; from envfarm.compose import compose_core; "
+    "import sys; from cluster.compose import compose_core; "
     "from envfarm.farm import FarmConfig, PoolConfig, make_server; "
     "c = FarmConfig(envs=[sys.argv[1]], pool=PoolConfig(warm=int(sys.argv[2])), "
     "fast_paths=False); make_server(compose_core(c), '127.0.0.1', int(sys.argv[3])).run()")
@@ -82,7 +82,7 @@ class Farm:
         self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [PY, "-m", "envfarm.cli", "serve", "--envs", ENV, "--warm", str(warm),
+        args = [PY, "-m", "cluster.cli", "serve", "--envs", ENV, "--warm", str(warm),
                 "--port", str(self.port)]
         # e.g. haproxy+access-log: `serve --access-log`; haproxy@NAME=VALUE: that env variable.
         kind, *assigns = kind.split("@")

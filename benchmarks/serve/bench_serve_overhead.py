@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
-    from envfarm.serve._ingress import use_ingress
+    from cluster.serve._ingress import use_ingress
 
     use_ingress("haproxy")  # the farm's ingress and its tuning, as `envfarm serve` runs it
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "1")

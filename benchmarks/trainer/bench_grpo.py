@@ -40,8 +40,8 @@ def rss_mib() -> float:
 
 
 async def episodes(tool_listing: str) -> list:
+    from cluster.compose import LocalFarm
     from envfarm.client import Farm
-    from envfarm.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
     from trainer.episode import EpisodeConfig, run_episode
     from trainer.policy import ScriptedPolicy

@@ -165,7 +165,7 @@ def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, 
                  else HttpxTransport(url, max_connections=concurrency * 2))
         t: Any = inner
         if incluster:
-            from envfarm.serve import InClusterFarm
+            from cluster.serve import InClusterFarm
 
             t = HandleTransport(inner, await InClusterFarm.connect())
         elif batched:
@@ -222,7 +222,7 @@ def start_no_ray(warm: int, verifier_workers: int) -> tuple[subprocess.Popen, st
     from envfarm.farm import free_port
 
     port = free_port()
-    code = ("from envfarm.compose import compose_core\n"
+    code = ("from cluster.compose import compose_core\n"
             "from envfarm.farm import FarmConfig, PoolConfig, make_server\n"
             f"core = compose_core(FarmConfig(pool=PoolConfig(warm={warm}), "
             f"verifier_workers={verifier_workers}))\n"
@@ -407,8 +407,8 @@ def main() -> None:
             proc.wait(timeout=15)
     served = [m for m in modes if m.startswith("serve")]
     if served:
+        from cluster.serve import DeploymentOptions, ServeOptions, start_farm
         from envfarm.farm import FarmConfig, PoolConfig, free_port
-        from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
 
         t0 = time.perf_counter()
         farm = start_farm(FarmConfig(pool=PoolConfig(warm=warm),

@@ -1,7 +1,7 @@
 """The farm without Ray: lease manager, instance pools and the lease-API app.
 
 Used as is by ``envfarm serve --no-ray`` and inside every Serve replica; whoever builds a
-``FarmCore`` hands it its verifier (``envfarm.compose.compose_core`` hands it the judge).
+``FarmCore`` hands it its verifier (``cluster.compose.compose_core`` hands it the judge).
 """
 
 from envfarm.errors import BadRequest, PayloadTooLarge, TaskNotFound

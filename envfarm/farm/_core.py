@@ -78,7 +78,7 @@ class FarmCore:
                  verifier: VerifierFactory | None = None, verify_slots: int = 64) -> None:
         """``runtimes``: envs compiled already in this process (trusted: they are served
         in-process, whatever ``config.isolation`` says). ``verifier``: makes what judges
-        ``verify`` calls (``envfarm.compose`` hands in the judge); without one, every
+        ``verify`` calls (``cluster.compose`` hands in the judge); without one, every
         verification is invalid. ``verify_slots``: verifications at once (the verifier's own
         concurrency); beyond it tenants take turns."""
         self.config = config

@@ -1,6 +1,6 @@
 """``--no-ray``: the whole farm in one uvicorn process (debug mode and throughput ceiling).
 
-``envfarm.compose.LocalFarm`` runs one on a background thread, with the judge handed in.
+``cluster.compose.LocalFarm`` runs one on a background thread, with the judge handed in.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from envfarm._asgi import call_asgi
+from envfarm.asgi import call_asgi
 
 from envfarm.catalog import Catalog, normalize_name
 from envfarm.errors import AgentError, EnvCallError, EnvfarmError, error_from_body

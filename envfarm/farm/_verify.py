@@ -1,6 +1,6 @@
 """Episode verification: which verdict a lease's episode gets, and the verifier that judges it.
 
-The farm judges nothing itself: it is handed a verifier factory (``envfarm.compose`` hands in
+The farm judges nothing itself: it is handed a verifier factory (``cluster.compose`` hands in
 the judge) and decides only when the verifier is not asked (no agent, a failing env).
 """
 

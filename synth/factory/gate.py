@@ -183,7 +183,7 @@ class AgentEndpoint:
     max_turns: int = 20
 
 
-#: endpoint -> solver; the composition root (``envfarm.cli``) registers the trainer's agent loop
+#: endpoint -> solver; the composition root (``cluster.cli``) registers the trainer's agent loop
 _AGENT_LOOPS: list[Callable[[AgentEndpoint], Solver]] = []
 
 

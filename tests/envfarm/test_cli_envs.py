@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from envfarm.cli import app
+from cluster.cli import app
 
 runner = CliRunner()
 

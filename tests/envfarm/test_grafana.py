@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from envfarm._asgi import call_asgi
+from envfarm.asgi import call_asgi
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "k8s" / "grafana" / "envfarm-dashboard.json"

@@ -101,7 +101,7 @@ def test_the_runtime_imports_without_ray(tmp_path):
     import sys
 
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import envfarm, envfarm.runtime, envfarm.check, envfarm.cli_envs, envfarm.catalog\n"
+            "import envfarm, envfarm.runtime, envfarm.check, cluster.cli_envs, envfarm.catalog\n"
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)

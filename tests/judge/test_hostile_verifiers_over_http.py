@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.compose import LocalFarm
 from envfarm.client import Farm
-from envfarm.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.jail import support
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from cluster.compose import compose_core
 from envfarm import load_catalog
 from envfarm.client import ASGITransport, Farm, reference_episode
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 from synth._jsonl import read_jsonl
 from synth.factory.export import CATALOG_DIR, MAP_FILE, SFT_DIR
@@ -24,7 +24,7 @@ from trainer.format import parse_assistant
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A run folder after graph, chains, queries (mock LLM) and export through ``envfarm synth``."""
-    from envfarm.cli import app
+    from cluster.cli import app
     from tests.fakes.mock_openai import MockOpenAI
 
     out = tmp_path_factory.mktemp("run")
@@ -129,7 +129,7 @@ def test_openai_records_fit_openais_schema(exported) -> None:
 
 
 def test_export_is_idempotent_and_keeps_other_envs(exported) -> None:
-    from envfarm.cli import app
+    from cluster.cli import app
 
     out, _ = exported
     path = out / SFT_DIR / "openai.jsonl"

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime, load_catalog
-from envfarm.compose import compose_core
 from envfarm.dbrows import table_rows
 from envfarm.farm import FarmConfig, PoolConfig
 from synth.factory.chains import sample_chains

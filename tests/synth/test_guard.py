@@ -61,8 +61,8 @@ def test_no_probe_passes_a_bundled_task(judge) -> None:
 def test_check_flags_a_hackable_task_and_the_farm_quarantines_it(tmp_path) -> None:
     """`envfarm envs check --hacks --write-flags` over a catalog whose task 0 verifier passes a
     no-op: gen_probes.jsonl flags it; loading the catalog flags it; a farm refuses its leases."""
-    from envfarm.cli import app
-    from envfarm.compose import LocalFarm
+    from cluster.cli import app
+    from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
 
     env = "personal_banking_1"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
 from envfarm.client import ASGITransport, Farm
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 

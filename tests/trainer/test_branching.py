@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from envfarm.compose import compose_core
+from cluster.compose import compose_core
 from envfarm.client import ASGITransport, Farm
 from envfarm.farm import FarmConfig, PoolConfig, Tenant, TenantsConfig, build_app, hash_key
 from judge import Message
+from tests.envfarm.farm.conftest import lifespan_running
+from tests.trainer.conftest import leased
 from trainer.branching import run_branches
 from trainer.config import TrainConfig
 from trainer.episode import EpisodeConfig
 from trainer.format import final_text
+from trainer.grpo import group_advantages
 from trainer.policy import Generation, ScriptedPolicy, TurnContext
 from trainer.train import Trainer
-from trainer.grpo import group_advantages
-from tests.envfarm.farm.conftest import lifespan_running
-from tests.trainer.conftest import leased
 
 ENV, TASK = "hotel_booking_1", 4  # list_tools, search, create_wishlist, add x2, answer
 

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from typer.testing import CliRunner
 
-from envfarm.cli import app
+from cluster.cli import app
 from trainer.policy import ScriptedPolicy, TurnContext
 
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import uvicorn
 
+from cluster.compose import compose_core, judge_for
 from envfarm.client import ASGITransport, Farm
-from envfarm.compose import compose_core, judge_for
 from envfarm.errors import JudgeError
 from envfarm.farm import FarmConfig, PoolConfig, build_app, free_port
 from envfarm.llm import LLMClient, LLMConfig
@@ -222,7 +222,7 @@ async def test_rollouts_go_on_while_episodes_are_judged(farm, mock, bundled_cata
 async def test_a_grpo_step_on_judge_rewards(tmp_path, tiny_model, mock, monkeypatch):
     """``envfarm train`` with ``reward_path: llm``: the guided episode is judged (Partially
     Completed, 0.1), the random model's is a format error (-1.0, never sent to the judge)."""
-    from envfarm.compose import LocalFarm
+    from cluster.compose import LocalFarm
     from trainer.config import TrainConfig
     from trainer.train import train
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from trainer.learn import LearnConfig, run
 

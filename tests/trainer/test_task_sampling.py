@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
 from envfarm.client import ASGITransport, Farm
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 from trainer.train import pick_tasks, quarantined

@@ -39,7 +39,7 @@ def _steps(run: Path) -> list[int]:
 
 def test_train_three_steps_then_kill_9_and_resume(tmp_path, tiny_model):
     env = {**os.environ, "ENVFARM_CACHE": str(tiny_model.parents[1])}  # the built tiny model
-    cmd = [sys.executable, "-m", "envfarm.cli", "train", "--config", str(_config(tmp_path, 3)),
+    cmd = [sys.executable, "-m", "cluster.cli", "train", "--config", str(_config(tmp_path, 3)),
            "--no-ray"]
     run = tmp_path / "run"
     log = tmp_path / "first.log"
@@ -80,7 +80,7 @@ def test_train_three_steps_then_kill_9_and_resume(tmp_path, tiny_model):
 def test_train_on_a_ray_trainer_actor(tmp_path, tiny_model, monkeypatch):
     from typer.testing import CliRunner
 
-    from envfarm.cli import app
+    from cluster.cli import app
 
     monkeypatch.setenv("ENVFARM_CACHE", str(tiny_model.parents[1]))
     config = _config(tmp_path, 1)

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("trl", reason="trl is not installed (pip install '.[openenv]')")
 pytest.importorskip("openenv.core.mcp_client", reason="openenv-core is not installed")
 
-from envfarm.compose import LocalFarm  # noqa: E402
+from cluster.compose import LocalFarm  # noqa: E402
 from envfarm.farm import FarmConfig, PoolConfig  # noqa: E402
 
 ENV = "hotel_booking_1"

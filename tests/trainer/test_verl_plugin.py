@@ -16,8 +16,8 @@ verl = pytest.importorskip(
 import hydra  # noqa: E402  (verl's own dependency)
 from omegaconf import OmegaConf  # noqa: E402
 
+from cluster.compose import LocalFarm  # noqa: E402
 from envfarm.client import Farm  # noqa: E402
-from envfarm.compose import LocalFarm  # noqa: E402
 from envfarm.farm import FarmConfig, PoolConfig  # noqa: E402
 from trainer.format import render  # noqa: E402
 from trainer.window import samples  # noqa: E402

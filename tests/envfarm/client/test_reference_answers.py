@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cluster.cli_farm import _pick_task
+from cluster.compose import compose_core
 from envfarm.catalog import BUNDLED_CATALOG, load_catalog
-from envfarm.cli_farm import _pick_task
 from envfarm.client import ASGITransport, Farm, reference_episode
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running
 from trainer.policy import ScriptedPolicy, TurnContext

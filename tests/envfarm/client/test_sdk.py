@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from cluster.compose import LocalFarm, compose_core
 from envfarm.client import (
     AgentError,
     ASGITransport,
@@ -21,7 +22,6 @@ from envfarm.client import (
     TransportError,
     reference_episode,
 )
-from envfarm.compose import LocalFarm, compose_core
 from envfarm.errors import EnvNotFound
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 from tests.envfarm.farm.conftest import lifespan_running

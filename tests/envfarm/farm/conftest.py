@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, FarmCore, LeasePolicy, PoolConfig, build_app
 
 ENV = "hotel_booking_1"

@@ -3,7 +3,7 @@ with an empty database, communication_messaging_1 with tables from its ORM)."""
 
 from __future__ import annotations
 
-from envfarm.compose import compose_core
+from cluster.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import farm_client
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import (
     FarmConfig,
     PoolConfig,

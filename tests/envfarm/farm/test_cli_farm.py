@@ -9,8 +9,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from envfarm import cli_farm
-from envfarm.compose import LocalFarm
+from cluster import cli_farm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig, free_port
 from tests.envfarm.farm.conftest import ENV
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
 from envfarm.client import ASGITransport, Farm, reference_episode
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 from envfarm.models import ToolCall
 from tests.envfarm.farm.conftest import ENV, farm_client, lifespan_running, new_lease

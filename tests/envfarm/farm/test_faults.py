@@ -104,7 +104,7 @@ async def test_broken_verifier_gives_invalid_reward(make_core, bundled_catalog):
     catalog = type(bundled_catalog)({**bundled_catalog.bundles, ENV: bundle.model_copy(
         update={"code_verifiers": {**bundle.code_verifiers, 0: broken}})},
         bundled_catalog.problems, bundled_catalog.root)
-    from envfarm.compose import compose_core
+    from cluster.compose import compose_core
     from envfarm.farm import FarmConfig
 
     core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1)), catalog=catalog,

@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from cluster.compose import compose_core
 from envfarm.client import ASGITransport, Farm, LeaseLost
-from envfarm.compose import compose_core
 from envfarm.errors import EnvLoadError, QuotaExceeded
 from envfarm.farm import (
     FarmConfig,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.farm._json_guard import hostile
 from tests.envfarm.farm.conftest import ENV

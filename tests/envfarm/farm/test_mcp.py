@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import ENV
 

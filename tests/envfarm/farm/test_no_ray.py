@@ -12,7 +12,7 @@ class _NoRay:
         if name == "ray" or name.startswith("ray."):
             raise ImportError("ray is blocked in this test")
 sys.meta_path.insert(0, _NoRay())
-import envfarm.farm, envfarm.client, envfarm.cli_farm
+import envfarm.farm, envfarm.client, cluster.cli_farm
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 core = FarmCore(FarmConfig(envs=["hotel_booking_1"], pool=PoolConfig(warm=1)))
 build_app(core)

@@ -21,8 +21,8 @@ openenv = pytest.importorskip("openenv.core.mcp_client",
 
 from openenv.core.env_server.mcp_types import CallToolAction, ListToolsAction  # noqa: E402
 
+from cluster.compose import LocalFarm  # noqa: E402
 from envfarm.client import openenv_base_url  # noqa: E402
-from envfarm.compose import LocalFarm  # noqa: E402
 from envfarm.farm import FarmConfig, PoolConfig, Quota, Tenant, TenantsConfig, hash_key  # noqa: E402
 from tests.envfarm.farm.conftest import ENV  # noqa: E402
 from tests.envfarm.farm.openenv_client import AWMShaped  # noqa: E402

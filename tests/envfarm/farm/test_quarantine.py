@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
 from envfarm.client import ASGITransport, Farm, TaskQuarantined
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, Quarantine, QuarantineConfig, build_app
 from envfarm.models import Verifier
 from tests.envfarm.farm.conftest import ENV, farm_client, lifespan_running, new_lease

@@ -6,8 +6,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime, load_catalog
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig, build_app
 
 ENV = "hotel_booking_1"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.compose import LocalFarm
 from envfarm.client import SyncFarm
-from envfarm.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

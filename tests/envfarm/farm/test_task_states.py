@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
+from cluster.compose import LocalFarm
 from envfarm.catalog import BUNDLED_CATALOG, load_catalog
 from envfarm.client import Farm
-from envfarm.compose import LocalFarm
 from envfarm.dbrows import table_rows
 from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import ENV, farm_client
@@ -36,8 +36,8 @@ def _missing(initial: bytes, template: bytes) -> dict[str, list[int]]:
 async def test_leases_of_a_task_start_from_its_state_in_process(catalog_dir, make_core) -> None:
     catalog = load_catalog(catalog_dir)
     assert catalog[ENV].task_states == {5: DROP}
+    from cluster.compose import compose_core
     from envfarm import EnvRuntime
-    from envfarm.compose import compose_core
 
     runtime = EnvRuntime(catalog[ENV])
     core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=1)), catalog=catalog, runtimes={ENV: runtime})
@@ -81,8 +81,8 @@ async def test_a_fork_keeps_the_task_state_and_a_quarantined_task_takes_no_fork(
     """A fork is a new lease of the task: it starts from the parent's database now, its resets
     and its verifier's initial database are the task's own start; once the task is quarantined,
     a fork is refused like any new lease."""
+    from cluster.compose import compose_core
     from envfarm import EnvRuntime
-    from envfarm.compose import compose_core
 
     catalog = load_catalog(catalog_dir)
     runtime = EnvRuntime(catalog[ENV])

@@ -8,8 +8,8 @@ import asyncio
 import httpx
 import pytest
 
+from cluster.compose import LocalFarm
 from envfarm.client import Farm, reference_episode
-from envfarm.compose import LocalFarm
 from envfarm.errors import QuotaExceeded
 from envfarm.farm import FarmConfig, PoolConfig, Tenant, TenantsConfig, hash_key
 from tests.envfarm.farm.conftest import ENV, farm_client
@@ -237,7 +237,7 @@ def test_cli_makes_keys_and_requires_them_beyond_loopback(tmp_path, monkeypatch)
     import yaml
     from typer.testing import CliRunner
 
-    from envfarm import cli_farm
+    from cluster import cli_farm
 
     app = typer.Typer()
     cli_farm.register(app)

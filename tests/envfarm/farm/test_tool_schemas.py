@@ -6,8 +6,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from cluster.compose import compose_core
 from envfarm import EnvRuntime
-from envfarm.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.farm._schemas import first_type
 from tests.envfarm.farm.conftest import farm_client

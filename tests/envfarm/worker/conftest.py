@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster.compose import LocalFarm
 from envfarm.catalog import Catalog
-from envfarm.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
-from tests.fakes.toy_env import toy_bundle
 from tests.envfarm.worker.hostile_env import HOSTILE, with_code
+from tests.fakes.toy_env import toy_bundle
 
 SECRET = "front-secret-7f3a9c"
 

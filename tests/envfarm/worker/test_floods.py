@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from envfarm.compose import LocalFarm
+from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from envfarm.models import Verifier
 from tests.envfarm.worker.conftest import catalog

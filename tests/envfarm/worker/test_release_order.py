@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from envfarm.compose import compose_core
+from cluster.compose import compose_core
 from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import farm_client
 from tests.envfarm.worker.conftest import catalog, start_farm

@@ -1,0 +1,188 @@
+"""`envfarm train` and `envfarm rollout`. Mount with ``register(app)``.
+
+Heavy imports (torch, transformers, Ray) happen inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(soft_wrap=True)
+
+FarmOpt = Annotated[str | None, typer.Option(
+    "--farm", help="URL of a running farm; default: start an embedded --no-ray farm.")]
+FarmKeyOpt = Annotated[str | None, typer.Option(
+    "--farm-key", envvar="ENVFARM_API_KEY", show_default=False,
+    help="The farm API key of your tenant (env ENVFARM_API_KEY), for a shared farm.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+    app.command("rollout")(rollout)
+    app.command("learn")(learn)
+
+
+@contextmanager
+def farm_url(url: str | None, catalog: str | None, envs: list[str] | None,
+             warm: int = 8) -> Iterator[str]:
+    """The given farm, or an embedded one on 127.0.0.1 for as long as the command runs."""
+    if url:
+        yield url
+        return
+    from cluster.compose import LocalFarm
+    from envfarm.farm import FarmConfig, PoolConfig
+
+    config = FarmConfig(catalog=catalog, envs=envs, pool=PoolConfig(warm=warm))
+    with LocalFarm(config) as farm:
+        yield farm.url
+
+
+def train(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
+                                               help="train.yaml (see trainer/configs/)")],
+          farm: FarmOpt = None, farm_key: FarmKeyOpt = None,
+          no_ray: Annotated[bool, typer.Option(
+              "--no-ray", help="Train in this process instead of a Ray TrainerActor.")] = False,
+          steps: Annotated[int | None, typer.Option("--steps", help="Override steps.")] = None,
+          out_dir: Annotated[Path | None, typer.Option("--out-dir",
+                                                       help="Override out_dir.")] = None,
+          ) -> None:
+    """History-windowed GRPO against the farm; resumes from the last checkpoint in out_dir."""
+    from trainer.config import TrainConfig
+
+    if farm_key:
+        # The SDK reads it there, in this process and in the Ray trainer actor it starts.
+        os.environ["ENVFARM_API_KEY"] = farm_key
+    cfg = TrainConfig.from_yaml(config, steps=steps,
+                                out_dir=str(out_dir) if out_dir else None)
+    warm = min(64, cfg.batch_size * cfg.group_size)
+    with farm_url(farm, cfg.catalog, cfg.envs, warm=warm) as url:
+        if no_ray:
+            from trainer.train import train as run
+
+            asyncio.run(run(cfg, url, log=console.print))
+        else:
+            from trainer.actor import train_on_ray
+
+            train_on_ray(cfg, url, log=console.print)
+    console.print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}  plot: "
+                  f"{Path(cfg.out_dir) / 'plot.png'}  checkpoints: "
+                  f"{Path(cfg.out_dir) / 'checkpoints'}")
+
+
+def learn(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False,
+                                               help="learn.yaml (see trainer/configs/)")],
+          farm: FarmOpt = None,
+          seed: Annotated[int | None, typer.Option("--seed", help="Override seed.")] = None,
+          out_dir: Annotated[Path | None, typer.Option("--out-dir",
+                                                       help="Override out_dir.")] = None,
+          ) -> None:
+    """SFT on the train tasks' reference episodes, then pure GRPO; the model's own success
+    on train and held-out tasks before SFT, after SFT and after GRPO."""
+    from trainer.learn import LearnConfig, run
+
+    cfg = LearnConfig.from_yaml(config, seed=seed, out_dir=str(out_dir) if out_dir else None)
+    with farm_url(farm, None, cfg.envs, warm=16) as url:
+        report = run(cfg, url, log=console.print)
+    table = Table("stage", "train success", "held-out success", "train format errors",
+                  "held-out format errors")
+    for stage, ev in report["evals"].items():
+        table.add_row(stage, *(f"{ev[k]['success_rate'] or 0:.1%}" for k in ("train", "heldout")),
+                      *(f"{ev[k]['format_error_rate'] or 0:.1%}" for k in ("train", "heldout")))
+    console.print(table)
+    console.print(f"{report['seconds']['total']:.0f} s; report: {Path(cfg.out_dir) / 'learn.json'}"
+                  f"  plot: {Path(cfg.out_dir) / 'learn.png'}")
+
+
+def rollout(
+    base_url: Annotated[str | None, typer.Option(
+        "--base-url", help="OpenAI-compatible endpoint (vLLM, SGLang, OpenAI) .../v1")] = None,
+    model: Annotated[str, typer.Option("--model", help="Model name at the endpoint.")] = "",
+    api_key: Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY",
+                                         help="API key (env OPENAI_API_KEY).")] = "EMPTY",
+    scripted: Annotated[bool, typer.Option(
+        "--scripted", help="Replay reference solutions instead (no model).")] = False,
+    hf_model: Annotated[Path | None, typer.Option(
+        "--hf-model", help="A local HF checkpoint folder, run in this process (CPU).")] = None,
+    farm: FarmOpt = None, farm_key: FarmKeyOpt = None,
+    catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog folder.")] = None,
+    envs: Annotated[str | None, typer.Option("--envs", help="Comma-separated envs.")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks",
+                                              help="Comma-separated task indices.")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Episodes per task.")] = 1,
+    out: Annotated[Path, typer.Option("--out", help="Trajectories + rewards JSONL.")] = Path(
+        "rollouts.jsonl"),
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 16,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1)] = 20,
+    window: Annotated[int, typer.Option("--window", min=0, help="History window w.")] = 3,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 1024,
+    temperature: Annotated[float, typer.Option("--temperature", min=0)] = 0.7,
+    tool_listing: Annotated[str, typer.Option(
+        "--tool-listing", help="full, compact (short list_tools answers: small models) or names")
+    ] = "full",
+    max_tool_chars: Annotated[int, typer.Option("--max-tool-chars", min=100)] = 8000,
+) -> None:
+    """Run the agent loop only (no training) and report success per env and overall."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from envfarm import load_catalog
+    from envfarm.client import Farm
+    from trainer.episode import EpisodeConfig
+    from trainer.policy import OpenAIPolicy, ScriptedPolicy
+    from trainer.rollout import run_rollouts, scores
+
+    cat = load_catalog(catalog)
+    names = [e.strip() for e in envs.split(",") if e.strip()] if envs else cat.servable
+    wanted = {int(t) for t in tasks.split(",")} if tasks else None
+    jobs = [(cat[n].name, idx) for n in names for idx in sorted(cat[n].code_verifiers)
+            if wanted is None or idx in wanted] * repeat
+    if not jobs:
+        raise typer.BadParameter("no task with a code-mode verifier among the chosen envs/tasks")
+    if scripted:
+        policy = ScriptedPolicy.from_catalog(cat)
+    elif hf_model:
+        from trainer.hf import HFPolicy
+
+        policy = HFPolicy.from_path(hf_model, max_new_tokens=max_tokens, temperature=temperature)
+    elif base_url and model:
+        policy = OpenAIPolicy(base_url, model, api_key=api_key, temperature=temperature,
+                              max_tokens=max_tokens)
+    else:
+        raise typer.BadParameter("give --base-url and --model, --hf-model, or --scripted")
+    if tool_listing not in ("full", "compact", "names"):
+        raise typer.BadParameter("--tool-listing is full, compact or names")
+    config = EpisodeConfig(max_turns=max_turns, window=window, tool_listing=tool_listing,
+                           max_tool_chars=max_tool_chars)
+
+    async def go(url: str):
+        async with Farm(url, api_key=farm_key) as client:
+            with Progress("[progress.description]{task.description}", BarColumn(),
+                          MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+                task = bar.add_task("episodes", total=len(jobs))
+                try:
+                    return await run_rollouts(client, policy, jobs, concurrency=concurrency,
+                                              config=config, out=out,
+                                              on_done=lambda _: bar.advance(task))
+                finally:
+                    if isinstance(policy, OpenAIPolicy):
+                        await policy.aclose()
+
+    with farm_url(farm, str(catalog) if catalog else None, [cat[n].name for n in names],
+                  warm=min(64, concurrency)) as url:
+        results = asyncio.run(go(url))
+    table = Table("env", "episodes", "valid", "success rate", "mean reward", "format errors")
+    for name, s in sorted(scores(results).items(), key=lambda kv: kv[0] == "overall"):
+        table.add_row(name, str(s.episodes), str(s.valid),
+                      "-" if s.success_rate is None else f"{s.success_rate:.1%}",
+                      "-" if s.reward_mean is None else f"{s.reward_mean:.3f}",
+                      str(s.format_errors))
+    console.print(table)
+    console.print(f"trajectories + rewards: {out}")
