@@ -10,7 +10,7 @@ importing it with the server side blocked.
 The top-level folders are layered too (``FOLDERS``, bottom first): no import runs up a folder,
 so the folders have no cycle; the test suite and the benchmarks share only ``tests/fakes``. The
 composition root (``cluster/``: compose, the Serve shell, the command line) sits above every
-package it composes.
+package it composes, and ``envfarm/`` imports nothing from Ray.
 """
 
 from __future__ import annotations
@@ -192,6 +192,25 @@ def test_the_folder_check_allows_the_fakes_and_what_lies_below():
     assert not folder_violations({"benchmarks.judge.bench": {"tests.fakes.mock_openai", "judge"},
                                   "tests.synth.test_x": {"tests.fakes", "cluster.haproxy"},
                                   "cluster.compose": {"judge"}})
+
+
+def ray_importers() -> list[str]:
+    """The modules under ``envfarm/`` that import Ray, lazy imports included."""
+    found = []
+    for path in sorted((REPO / "envfarm").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                found.append(f"{module_name(path)}:{node.lineno}")
+    return found
+
+
+def test_envfarm_imports_nothing_from_ray():
+    """Ray is the composition root's (``cluster.serve``): contracts, runtime, jail, workers, the
+    farm's front and the SDK run without it."""
+    assert not (found := ray_importers()), "envfarm imports ray: " + ", ".join(found)
 
 
 _BLOCKED = """
