@@ -14,8 +14,8 @@ from rich.table import Table
 from cluster.cli_hacks import print_hacks, probe_catalog_env, quarantine_app, write_flags
 from envfarm.catalog import load_catalog
 from envfarm.check import EnvReport, check_env
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import EnvfarmError, EnvLoadError
-from envfarm.runtime import EnvRuntime
 
 app = typer.Typer(help="Inspect and check environment catalogs (AWM JSONL folders).",
                   no_args_is_help=True)

@@ -16,9 +16,9 @@ from rich.table import Table
 from envfarm.catalog import Catalog, verifier_sha256
 from envfarm.check import EnvReport
 from envfarm.client import Farm
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import EnvfarmError
 from envfarm.hackprobes import HackReport, bundle_tasks, probe_tasks
-from envfarm.runtime import EnvRuntime
 
 PROBES_FILE = "gen_probes.jsonl"
 console = Console(soft_wrap=True)
@@ -32,7 +32,7 @@ async def probe_catalog_env(catalog: Catalog, name: str, report: EnvReport, runt
     bundle = catalog[name]
     initial = None
     if runtime is None:
-        from envfarm.template import build_template
+        from envfarm.confined.template import build_template
 
         initial = build_template(bundle.db_schema, bundle.sample_data).data
     tasks = [t.model_copy(update={"initial_db": initial}) for t in bundle_tasks(bundle)]

@@ -11,10 +11,10 @@ import time
 from typing import Self
 
 from envfarm.catalog import Catalog
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import JudgeError
 from envfarm.farm import FarmConfig, FarmCore, VerifierFactory, free_port, make_server
 from envfarm.llm import LLMClient, LLMConfig
-from envfarm.runtime import EnvRuntime
 from envfarm.verdict import RewardConfig
 
 __all__ = [

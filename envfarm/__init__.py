@@ -12,25 +12,25 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from envfarm.catalog import Catalog, load_catalog, normalize_name
+    from envfarm.confined.runtime import EnvRuntime, Instance
+    from envfarm.confined.template import TemplateBuild, build_template
     from envfarm.errors import EnvfarmError
     from envfarm.models import CallResult, EnvBundle, ToolCall, ToolError, ToolSpec, Verifier
-    from envfarm.runtime import EnvRuntime, Instance
-    from envfarm.template import TemplateBuild, build_template
 
 #: public name -> module that defines it
 _HOMES = {
     "CallResult": "envfarm.models",
     "Catalog": "envfarm.catalog",
     "EnvBundle": "envfarm.models",
-    "EnvRuntime": "envfarm.runtime",
+    "EnvRuntime": "envfarm.confined.runtime",
     "EnvfarmError": "envfarm.errors",
-    "Instance": "envfarm.runtime",
-    "TemplateBuild": "envfarm.template",
+    "Instance": "envfarm.confined.runtime",
+    "TemplateBuild": "envfarm.confined.template",
     "ToolCall": "envfarm.models",
     "ToolError": "envfarm.models",
     "ToolSpec": "envfarm.models",
     "Verifier": "envfarm.models",
-    "build_template": "envfarm.template",
+    "build_template": "envfarm.confined.template",
     "load_catalog": "envfarm.catalog",
     "normalize_name": "envfarm.catalog",
 }
@@ -57,7 +57,7 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         if importlib.util.find_spec(f"envfarm.{name}") is not None:
-            return importlib.import_module(f"envfarm.{name}")  # ``envfarm.runtime`` etc.
+            return importlib.import_module(f"envfarm.{name}")  # ``envfarm.catalog`` etc.
         raise AttributeError(f"module 'envfarm' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # later lookups skip this function

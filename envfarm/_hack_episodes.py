@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm.check import probe_arguments, spec_endpoints
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.dbrows import changed_rows, delete_row, table_rows
 from envfarm.models import CallResult, ToolCall, ToolSpec
-from envfarm.runtime import EnvRuntime
 
 #: most values a dump answer lists, and its most characters (the sandbox takes 1 MiB requests)
 DUMP_VALUES = 2_000

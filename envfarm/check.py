@@ -18,9 +18,9 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field
 
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import EnvLoadError
 from envfarm.models import EnvBundle, ToolCall, ToolSpec
-from envfarm.runtime import EnvRuntime
 from envfarm.verdict import Outcome, code_result_outcome
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from envfarm.template import open_memory_db
+from envfarm.confined.template import open_memory_db
 
 #: table -> rowid -> row (column -> value)
 Rows = dict[str, dict[int, dict[str, Any]]]

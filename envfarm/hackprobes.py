@@ -49,8 +49,8 @@ from envfarm._hack_episodes import (
     last_write_removed,
     trajectory,
 )
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.models import EnvBundle, ToolCall
-from envfarm.runtime import EnvRuntime
 from envfarm.verdict import EpisodeContext, EpisodeVerifier, Outcome, Verdict
 
 __all__ = ["HackProbe", "HackReport", "ProbeResult", "ProbeTask", "bundle_tasks", "probe_task",

@@ -2,7 +2,7 @@
 
 Started by ``judge.sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``
 with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads the standard-library
-modules verifiers may use and ``envfarm.jail`` (nothing else of the project), and enters the
+modules verifiers may use and ``envfarm.confined.jail`` (nothing else of the project), and enters the
 kernel jail (``processes=True``: it may fork, nothing else), switching to an unprivileged uid of
 its own when started as root. Then, per verification, the front sends two pipe ends
 (SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child and tells the front its pid (the
@@ -342,8 +342,8 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
 
 
 def _zygote(config: dict) -> None:
-    sys.path[:0] = config["sys_path"]  # only so envfarm.jail and pyseccomp load
-    from envfarm import jail
+    sys.path[:0] = config["sys_path"]  # only so envfarm.confined.jail and pyseccomp load
+    from envfarm.confined import jail
 
     ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
     for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envfarm
-import envfarm.jail
+import envfarm.confined.jail
 from envfarm.pipes import wait_readable
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def _can_unshare_net() -> bool:
 
 
 def _import_roots() -> list[str]:
-    """Where the zygote finds ``envfarm.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
+    """Where the zygote finds ``envfarm.confined.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
     import pyseccomp
 
     return sorted({str(Path(envfarm.__file__).resolve().parents[1]),
@@ -116,7 +116,7 @@ class Zygote:
     def __init__(self, config: SandboxConfig, stage_dir: str) -> None:
         self.config = config
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        identity = envfarm.jail.worker_identity().config() if config.drop_privileges else {}
+        identity = envfarm.confined.jail.worker_identity().config() if config.drop_privileges else {}
         zconf = json.dumps({
             "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
             "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,

@@ -28,8 +28,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from envfarm.confined.hostcode import host_finalizer
 from envfarm.errors import VerifierError
-from envfarm.hostcode import host_finalizer
 from envfarm.pipes import read_exact
 from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import _AST_LOCK, Mode, detect

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm import build_template
+from envfarm.confined.template import execute_inserts
 from envfarm.models import DBSchema, SampleData
-from envfarm.template import execute_inserts
 
 _INDEX_NAME = re.compile(r"create\s+(?:unique\s+)?index\s+(?:if\s+not\s+exists\s+)?[\"`\[]?(\w+)", re.I)
 

@@ -228,7 +228,7 @@ def guard(
     write: bool = typer.Option(False, "--write", help="rewrite gen_verifier.pure_code.jsonl in place"),
 ) -> None:
     from envfarm.catalog import load_catalog
-    from envfarm.runtime import EnvRuntime
+    from envfarm.confined.runtime import EnvRuntime
     from synth.guard import guard_env, read_written_tables, rewrite_verifiers
 
     cat = load_catalog(catalog)

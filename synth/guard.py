@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from envfarm.catalog import Catalog
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.dbrows import changed_rows
-from envfarm.runtime import EnvRuntime
 from envfarm.check import probe_arguments
 from synth.factory.verifier import READER, reader_source
 

@@ -31,7 +31,7 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
 from envfarm.client import SyncFarm
 from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
-from envfarm.jail import worker_identity
+from envfarm.confined.jail import worker_identity
 print("identity:", worker_identity().describe())
 with LocalFarm(FarmConfig(envs=["hotel_booking_1"], pool=PoolConfig(warm=1))) as farm:
     with SyncFarm(farm.url) as client, client.lease("hotel_booking_1", task_idx=0) as lease:
@@ -86,7 +86,7 @@ def _make_demo_line(folder: Path, user: list[str], path: str | None = None) -> s
 
 
 def _can_be_nobody() -> bool:
-    from envfarm.jail import worker_identity  # root with other uids mapped (not `unshare -rn`)
+    from envfarm.confined.jail import worker_identity  # root with other uids mapped (not `unshare -rn`)
 
     return worker_identity().uid_base is not None and bool(shutil.which("setpriv"))
 

@@ -71,9 +71,9 @@ def test_the_package_root_loads_its_names_on_first_use():
     import sys
 
     code = ("import sys, envfarm, envfarm.errors\n"
-            "assert 'sqlalchemy' not in sys.modules and 'envfarm.runtime' not in sys.modules\n"
-            "assert envfarm.EnvRuntime.__module__ == 'envfarm.runtime'\n"
-            "assert envfarm.runtime.EnvRuntime is envfarm.EnvRuntime\n"
+            "assert 'sqlalchemy' not in sys.modules and 'envfarm.confined.runtime' not in sys.modules\n"
+            "assert envfarm.EnvRuntime.__module__ == 'envfarm.confined.runtime'\n"
+            "assert envfarm.confined.runtime.EnvRuntime is envfarm.EnvRuntime\n"
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=False)

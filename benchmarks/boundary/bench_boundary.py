@@ -36,8 +36,8 @@ LEASES_FOR_MEMORY = 1024
 _RESET_IN_JAIL = """
 import json, sys, time
 from envfarm.catalog import load_catalog
-from envfarm.jail import JailPolicy, enter
-from envfarm.runtime import EnvRuntime
+from envfarm.confined.jail import JailPolicy, enter
+from envfarm.confined.runtime import EnvRuntime
 bundle = load_catalog()[sys.argv[1]]
 enter(JailPolicy(memory_mb=2048), keep_fds=(0, 1, 2))  # as a worker: jail first, then the code
 inst = EnvRuntime(bundle).instance()
@@ -73,7 +73,7 @@ def pss_mib(pid: int) -> dict[str, float]:
             cmd = " ".join(proc.cmdline())
         except (OSError, StopIteration, psutil.Error):
             continue
-        role = "front" if proc.pid == pid else ("env workers" if "envfarm.worker" in cmd
+        role = "front" if proc.pid == pid else ("env workers" if "envfarm.confined" in cmd
                                                  else "other")
         roles[role] = round(roles.get(role, 0.0) + pss, 1)
     roles["total"] = round(sum(roles.values()), 1)

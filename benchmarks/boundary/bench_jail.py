@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from envfarm.jail import JailPolicy, enter, prepare, support
+from envfarm.confined.jail import JailPolicy, enter, prepare, support
 
 ROUNDS, SYSCALLS = 15, 100_000
 WORKER_ROUNDS = 8
@@ -95,7 +95,7 @@ def lazy_import_ms(switch_uid: bool):
     """Importing modules not loaded before the jail (as env code does in a handler): directly
     as root, or, after the switch to a uid of its own, through the pinned folders."""
     def run(w: int) -> float:
-        from envfarm.jail import worker_identity, uid_from_config
+        from envfarm.confined.jail import worker_identity, uid_from_config
 
         uid = uid_from_config(worker_identity().config()) if switch_uid else None
         enter(JailPolicy(uid=uid, keep_imports=True), keep_fds=(w,))
@@ -118,7 +118,7 @@ def worker_start(switch_uid: bool) -> dict:
     """Spawn an env worker and load an env in it, as a farm does; seconds and memory after."""
     from benchmarks.serve.bench_dataplane import ENV
     from envfarm.catalog import load_catalog
-    from envfarm.jail import worker_identity
+    from envfarm.confined.jail import worker_identity
     from envfarm.worker import WorkerProcess
 
     bundle = load_catalog()[ENV]

@@ -146,7 +146,7 @@ def recovery() -> dict[str, Any]:
             held = await _lease(c, 64, TENANTS[0][1])
             await _calls(c, held, WRITE, 64)
             workers = [p for p in psutil.Process(pid).children(recursive=True)
-                       if "envfarm.worker" in " ".join(p.cmdline())]
+                       if "envfarm.confined" in " ".join(p.cmdline())]
             holder = max(workers, key=lambda p: p.memory_info().rss)  # the one with the leases
             os.kill(holder.pid, signal.SIGKILL)  # a worker of the farm this script started
             await asyncio.sleep(0.2)
@@ -177,8 +177,8 @@ def _us(fn, n: int) -> float:
 
 def pieces(n: int = 2000) -> dict[str, Any]:
     from envfarm.catalog import load_catalog
-    from envfarm.runtime import EnvRuntime
-    from envfarm.worker import _frames
+    from envfarm.confined import frames
+    from envfarm.confined.runtime import EnvRuntime
     from envfarm.worker._committed import CommittedState, Template
 
     runtime = EnvRuntime(load_catalog()[ENV])
@@ -194,7 +194,7 @@ def pieces(n: int = 2000) -> dict[str, Any]:
         image = inst.committed()
         t0 = time.process_time()
         for _ in range(20):
-            delta = _frames.encode_delta(shipped, image)
+            delta = frames.encode_delta(shipped, image)
         t1 = time.process_time()
         for _ in range(20):
             state.apply(delta)
@@ -206,10 +206,10 @@ def pieces(n: int = 2000) -> dict[str, Any]:
     out["delta_apply_in_front_us"] = round(sum(w[1] for w in writes) / len(writes) * 1e6, 1)
     out["delta_bytes_per_write"] = round(sum(deltas) / len(deltas))
     out["front_state_kib_after_200_writes"] = round(state.own / 1024, 1)
-    reply = _frames.encode({"ok": True, "rlen": 600, "id": 7}, b"x" * 600)
-    old = _frames.FrameReader()
-    new = _frames.ReplyReader(lambda header, size: None, lambda header, payload: None)
-    out["old_reader_us"] = _us(lambda: [_frames.decode(b) for b in old.feed(reply)], n)
+    reply = frames.encode({"ok": True, "rlen": 600, "id": 7}, b"x" * 600)
+    old = frames.FrameReader()
+    new = frames.ReplyReader(lambda header, size: None, lambda header, payload: None)
+    out["old_reader_us"] = _us(lambda: [frames.decode(b) for b in old.feed(reply)], n)
     out["reply_reader_us"] = _us(lambda: new.feed(reply), n)
     return out
 

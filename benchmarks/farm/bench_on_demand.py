@@ -233,16 +233,16 @@ def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
     import fastapi  # noqa: F401 - what a worker imports before its jail
     import sqlalchemy.orm  # noqa: F401
 
-    import envfarm.runtime
+    import envfarm.confined.runtime
     imports_ms = (time.process_time() - started) * 1000
-    from envfarm import _binding
-    from envfarm._tools import extract_operations, openapi_for_tools
     from envfarm.catalog import BUNDLED_CATALOG, load_catalog
     from envfarm.check import module_state_leaks
+    from envfarm.confined import _binding
+    from envfarm.confined import frames
+    from envfarm.confined._tools import extract_operations, openapi_for_tools
+    from envfarm.confined.template import build_template
     from envfarm.farm._schemas import render_tools
     from envfarm.models import EnvBundle, ToolSpec
-    from envfarm.template import build_template
-    from envfarm.worker import _frames
 
     rows: dict[str, dict[str, float]] = {}
     for source in sources or [BUNDLED_CATALOG]:
@@ -250,10 +250,10 @@ def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
         for name in catalog.servable:
             row = _Laps()
             lap = row.lap
-            frame = _frames.encode({"op": "load", "bundle": catalog[name].model_dump(
+            frame = frames.encode({"op": "load", "bundle": catalog[name].model_dump(
                 mode="json", include={"name", "code", "db_schema", "sample_data", "api_spec"})})
             lap("front_encode_load")
-            bundle = EnvBundle.model_validate(_frames.decode(frame[4:])[0]["bundle"])
+            bundle = EnvBundle.model_validate(frames.decode(frame[4:])[0]["bundle"])
             lap("worker_decode_load")
             module_ms: list[float] = []
 
@@ -265,18 +265,18 @@ def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
             build_template(bundle.db_schema, bundle.sample_data, before_inserts=load)
             lap("module_and_database")
             row["of_which_module"] = round(module_ms[0], 1)
-            runtime = envfarm.runtime.EnvRuntime(bundle)  # again: its tools, timed below
+            runtime = envfarm.confined.runtime.EnvRuntime(bundle)  # again: its tools, timed below
             row.mark = time.process_time()
             runtime.operations, _ = extract_operations(runtime.app,
                                                        openapi_for_tools(runtime.app))
             lap("tools_and_openapi")
             aio.run(module_state_leaks(runtime))
             lap("probe")
-            reply = _frames.encode({"tools": [t.model_dump() for t in runtime.tools],
+            reply = frames.encode({"tools": [t.model_dump() for t in runtime.tools],
                                     "openapi": runtime.mcp_openapi()}, runtime.template.data)
             lap("worker_encode_reply")
 
-            head = _frames.decode(reply[4:])[0]
+            head = frames.decode(reply[4:])[0]
             render_tools(SimpleNamespace(name=name, openapi=head["openapi"], tools=[
                 ToolSpec.model_validate(t) for t in head["tools"]]))
             lap("front_decode_and_render")

@@ -55,9 +55,10 @@ STAGES = [
     ("env code + SQLite", ("awm_env", "sqlalchemy", "sqlite3")),
     ("ASGI into env app (FastAPI/starlette)", ("envfarm/asgi", "fastapi/", "starlette/",
                                                "pydantic")),
-    ("runtime guard/snapshot/rollback", ("envfarm/runtime", "envfarm/_guard",
-                                         "envfarm/_sqlite_guard", "envfarm/_binding")),
-    ("worker channel (frames)", ("envfarm/worker",)),
+    ("runtime guard/snapshot/rollback", ("envfarm/confined/runtime", "envfarm/confined/_guard",
+                                         "envfarm/confined/_sqlite_guard",
+                                         "envfarm/confined/_binding")),
+    ("worker channel (frames)", ("envfarm/worker", "envfarm/confined/frames")),
     ("HTTP server (uvicorn/h11/httptools)", ("uvicorn/", "h11/", "httptools")),
     ("farm fast path + core + metrics", ("envfarm/farm", "prometheus_client")),
     ("JSON", ("json/",)),
@@ -137,7 +138,7 @@ def profile_farm(farm: Farm, held: list, seconds: float) -> dict[str, Any]:
     import psutil
 
     workers = [p.pid for p in psutil.Process(farm.proc.pid).children(recursive=True)
-               if "envfarm.worker" in " ".join(p.cmdline())]
+               if "envfarm.confined" in " ".join(p.cmdline())]
     targets = {"front": farm.proc.pid, **({"worker": workers[0]} if workers else {})}
     spies = {name: py_spy(pid, seconds) for name, pid in targets.items()}
     wrk(farm.url, call_requests(held, False), LEASES, seconds + 2)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from envfarm import EnvRuntime, _sqlite_guard, load_catalog
+from envfarm import EnvRuntime, load_catalog
+from envfarm.confined import _sqlite_guard
 
 CALLS = {
     "hotel_booking_1": [("get_my_profile", {}), ("search_hotels", {"city": "Lisbon"})],

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from envfarm.catalog import load_catalog
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.llm import ChatRequest, LLMClient, LLMConfig, Recorded
-from envfarm.runtime import EnvRuntime
 from synth.embed import MiniLMEmbedder
 from synth.factory.candidates import DEFAULT_THRESHOLD, candidate_edges
 from synth.factory.chains import sample_chains, unsatisfied

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from envfarm.catalog import load_catalog
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.llm import LLMClient, LLMConfig
-from envfarm.runtime import EnvRuntime
 from judge import VerifierSandbox
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns

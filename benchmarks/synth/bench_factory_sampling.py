@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from envfarm.catalog import load_catalog
-from envfarm.runtime import EnvRuntime
+from envfarm.confined.runtime import EnvRuntime
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.execute import STEP_TRIES, execute_drawing

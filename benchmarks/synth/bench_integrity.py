@@ -37,10 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from envfarm.catalog import load_catalog  # noqa: E402
+from envfarm.confined.runtime import EnvRuntime  # noqa: E402
+from envfarm.confined.template import build_template  # noqa: E402
 from envfarm.hackprobes import ProbeTask, bundle_tasks, probe_tasks  # noqa: E402
 from envfarm.models import ToolCall  # noqa: E402
-from envfarm.runtime import EnvRuntime  # noqa: E402
-from envfarm.template import build_template  # noqa: E402
 from judge import Judge, JudgeConfig, VerifierSandbox  # noqa: E402
 
 ENVS = ["hotel_booking_1", "personal_banking_1", "project_management_1"]

@@ -146,7 +146,7 @@ def tree_cpu(pid: int, skip_self: bool = False) -> dict[str, float]:
             t, cmd = proc.cpu_times(), " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        role = ("root" if proc is root else "env workers" if "envfarm.worker" in cmd
+        role = ("root" if proc is root else "env workers" if "envfarm.confined" in cmd
                 else "verifier sandbox" if "_sandbox_worker" in cmd else "other")
         own = 0.0 if (skip_self and proc is root) else t.user + t.system
         out[role] += own

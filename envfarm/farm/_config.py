@@ -137,7 +137,7 @@ def isolation_of(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
     (None: in this process). Refuses workers the kernel cannot confine, unless allowed."""
     if config.isolation == "in_process":
         return "in-process (trusted catalog: env code runs in the serving process)", None
-    from envfarm import jail
+    from envfarm.confined import jail
 
     support = jail.support()
     confined = support.ok

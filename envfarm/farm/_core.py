@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 
 from envfarm.catalog import Catalog, load_catalog, normalize_name
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import (
     EnvfarmError,
     EnvNotFound,
@@ -42,7 +43,6 @@ from envfarm.farm._tenants import TenantCollector, Tenants
 from envfarm.farm._verify import LazyVerifier, VerifierFactory, VerifyGate, episode_verdict
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
-from envfarm.runtime import EnvRuntime
 from envfarm.wire import (
     BatchError,
     BatchItem,

@@ -12,10 +12,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from envfarm.catalog import Catalog, catalog_fingerprint, load_catalog, normalize_name
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import ConfigError, EnvfarmError, EnvLoadError, EnvNotFound
 from envfarm.farm._config import FarmConfig, isolation_of
 from envfarm.farm._served import LocalEnv, ServedEnv
-from envfarm.runtime import EnvRuntime
 from envfarm.worker import SpareWorkers, WorkerEnv, WorkerStartError
 
 log = logging.getLogger("envfarm.farm")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from envfarm.confined.runtime import EnvRuntime, Instance
 from envfarm.errors import PoolExhausted
 from envfarm.farm._config import PoolConfig
 from envfarm.wire import PoolStats
-from envfarm.runtime import EnvRuntime, Instance
 
 
 class InstancePool:

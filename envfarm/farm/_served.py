@@ -16,11 +16,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Protocol
 
+from envfarm.confined.runtime import EnvRuntime, Instance
 from envfarm.errors import EnvLoadError
 from envfarm.farm._config import PoolConfig
 from envfarm.farm._pool import InstancePool
 from envfarm.models import CallResult, EnvBundle, ToolSpec
-from envfarm.runtime import EnvRuntime, Instance
 from envfarm.wire import PoolStats
 
 

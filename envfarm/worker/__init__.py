@@ -1,8 +1,9 @@
-"""Env workers: the processes where generated env code runs, and the front's handle on them.
+"""The front's handles on env workers, the processes where generated env code runs.
 
 The front (a Serve pool replica, or the ``--no-ray`` process) holds tokens, client sockets,
 the lease table and verdicts, and never executes generated code: each env type's code runs in
-worker processes it spawns, confines (``envfarm.jail``) and supervises over a framed pipe.
+worker processes it spawns (``python -m envfarm.confined``: what runs there is
+``envfarm.confined``) and supervises over a framed pipe.
 """
 
 from envfarm.worker._env import WorkerEnv, WorkerOptions

@@ -10,7 +10,7 @@ costs a reference, one that writes a few rows a few pages.
 
 from __future__ import annotations
 
-from envfarm.worker._frames import FrameError, decode_delta, page_size
+from envfarm.confined.frames import FrameError, decode_delta, page_size
 
 
 class Template:

@@ -20,9 +20,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from envfarm.confined import frames
 from envfarm.errors import PoolExhausted
 from envfarm.models import EnvBundle, ToolSpec
-from envfarm.worker import _frames
 from envfarm.wire import PoolStats
 from envfarm.worker._committed import Template
 from envfarm.worker._instance import RemoteInstance
@@ -69,7 +69,7 @@ class WorkerOptions:
     kept_bytes_per_worker: int = 256 << 20
 
     def worker_config(self) -> dict[str, Any]:
-        from envfarm.jail import worker_identity  # root: each worker gets a uid of its own
+        from envfarm.confined.jail import worker_identity  # root: each worker gets a uid of its own
 
         return {"jail": self.jail, "memory_mb": self.memory_mb, **worker_identity().config()}
 
@@ -289,7 +289,7 @@ class WorkerEnv:
         if task not in self._task_initials:
             reply, data = await worker.request({"op": "task_initial", "task": task},
                                                self.options.deadline_grace_s + 5,
-                                               cap=_frames.MAX_DB_BYTES)
+                                               cap=frames.MAX_DB_BYTES)
             if not reply.get("ok") or not data.startswith(_SQLITE_MAGIC):
                 worker.kill("sent a malformed task database")
                 raise WorkerLost(worker.lost or "killed")

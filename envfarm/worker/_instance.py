@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from envfarm.confined import frames
 from envfarm.errors import EnvLoadError
 from envfarm.models import CallResult, ToolSpec
-from envfarm.worker import _frames
 from envfarm.worker._committed import CommittedState, Template
 from envfarm.worker._process import ANSWERED, GUILTY, SUSPECT, WorkerLost, WorkerProcess
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 #: it starts would otherwise churn workers forever.
 MAX_MOVES = 8
 #: What a reply may carry: a call's answer, then a delta of at most the whole database.
-_DELTA_CAP = _frames.MAX_DB_BYTES + (1 << 20)
-_CALL_CAP = _frames.MAX_RESULT_BYTES + _DELTA_CAP
+_DELTA_CAP = frames.MAX_DB_BYTES + (1 << 20)
+_CALL_CAP = frames.MAX_RESULT_BYTES + _DELTA_CAP
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -89,7 +89,7 @@ class RemoteInstance:
         async with self._lock:
             reply, payload = await self._ask(
                 {"op": "call", "tool": tool, "args": arguments}, self.env.call_deadline_s,
-                cap=_CALL_CAP, answer_cap=_frames.MAX_RESULT_BYTES)
+                cap=_CALL_CAP, answer_cap=frames.MAX_RESULT_BYTES)
             answer = reply.get("rlen", len(payload))
             try:
                 result = CallResult.model_validate_json(payload[:answer])
@@ -97,7 +97,7 @@ class RemoteInstance:
                 raise self._guilty("sent a malformed call result") from None
             try:
                 self._commit(payload[answer:])
-            except _frames.FrameError as exc:
+            except frames.FrameError as exc:
                 raise self._guilty(str(exc)) from None
             return result
 
@@ -142,7 +142,7 @@ class RemoteInstance:
                     try:
                         if delta:
                             state.apply(delta)
-                    except _frames.FrameError as exc:
+                    except frames.FrameError as exc:
                         raise self._guilty(str(exc)) from None
                     self._take(state)
                 return
@@ -165,7 +165,7 @@ class RemoteInstance:
         if delta:
             grown = self.state.apply(delta)
             if not self.env.keep(self.worker, grown):
-                raise _frames.FrameError(
+                raise frames.FrameError(
                     f"its leases' state passed the worker's byte budget of "
                     f"{self.env.options.kept_bytes_per_worker} bytes (instance {self.inst})")
 

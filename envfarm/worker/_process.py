@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from envfarm.hostcode import host_finalizer
-from envfarm.worker import _frames
+from envfarm.confined import frames
+from envfarm.confined.hostcode import host_finalizer
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
 MAX_PENDING_WRITE = 64 << 20
@@ -122,7 +122,7 @@ class WorkerProcess:
 
     def __init__(self, config: dict[str, Any], *, stderr: bool = False) -> None:
         self.index = next(WorkerProcess._ids)
-        cmd = [sys.executable, "-s", "-B", "-m", "envfarm.worker",
+        cmd = [sys.executable, "-s", "-B", "-m", "envfarm.confined",
                json.dumps(config)]
         self.proc = _SPAWNER.submit(
             subprocess.Popen, cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -154,7 +154,7 @@ class WorkerProcess:
         #: pipe) was closed under it (verify read EBADF under load). The fds are this object's
         #: alone, closed once, by ``_end``.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._frames_in = _frames.ReplyReader(self._admit, self._on_reply)
+        self._frames_in = frames.ReplyReader(self._admit, self._on_reply)
         self._unsent = bytearray()  # what the pipe did not take yet
         self._watching_room = False  # the loop watches the pipe for room to write the rest
         self._batch: list[bytes] = []  # frames written at the end of this loop iteration
@@ -171,17 +171,17 @@ class WorkerProcess:
         """Wait for ``ready``, send ``load``; returns the load reply (tools, template bytes)."""
         deadline = time.monotonic() + timeout_s
         try:
-            hello, _ = _frames.read_blocking(self.proc.stdout.fileno(), deadline,
-                                             max_header=_frames.MAX_REPLY_HEADER)
+            hello, _ = frames.read_blocking(self.proc.stdout.fileno(), deadline,
+                                             max_header=frames.MAX_REPLY_HEADER)
             if not hello.get("ready"):
                 raise WorkerStartError("the worker did not say ready")
             self.jail = str(hello.get("jail"))[:1000]
-            _frames.write_all(self.proc.stdin.fileno(), _frames.encode(load))
-            reply, template = _frames.read_blocking(self.proc.stdout.fileno(), deadline)
+            frames.write_all(self.proc.stdin.fileno(), frames.encode(load))
+            reply, template = frames.read_blocking(self.proc.stdout.fileno(), deadline)
         except TimeoutError:
             self.kill("did not start in time")
             raise WorkerStartError(f"env worker did not start within {timeout_s:g} s") from None
-        except (EOFError, BrokenPipeError, _frames.FrameError) as exc:
+        except (EOFError, BrokenPipeError, frames.FrameError) as exc:
             self.kill("start failed")
             raise WorkerStartError(
                 f"env worker failed to start: {self._exit_reason_now()}"
@@ -227,13 +227,13 @@ class WorkerProcess:
         is killed at the first that breaks the rules."""
         try:
             self._frames_in.feed(data)
-        except _frames.FrameError as exc:
+        except frames.FrameError as exc:
             self.kill(f"broke the channel protocol ({exc})", guilty=exc.rid)
 
     # -- requests ---------------------------------------------------------------------------
     def post(self, header: dict[str, Any], payload: bytes = b"") -> None:
         """A request that gets no reply (``new``, ``drop``)."""
-        self._write(_frames.encode(header, payload))
+        self._write(frames.encode(header, payload))
 
     async def request(self, header: dict[str, Any], timeout_s: float, payload: bytes = b"",
                       *, cap: int = 0, answer_cap: int | None = None
@@ -252,7 +252,7 @@ class WorkerProcess:
             self._busy_from = time.monotonic()
         self._flights[rid] = flight
         try:
-            self._write(_frames.encode(dict(header, id=rid), payload))
+            self._write(frames.encode(dict(header, id=rid), payload))
             async with asyncio.timeout(timeout_s):
                 return await flight.future
         except TimeoutError:
@@ -325,11 +325,11 @@ class WorkerProcess:
         rid = header.get("id")
         flight = self._flights.get(rid) if type(rid) is int else None
         if flight is None:  # a reply to nothing the front asked, or a second one
-            raise _frames.FrameError(f"answered a request it was never sent (id {rid!r})")
+            raise frames.FrameError(f"answered a request it was never sent (id {rid!r})")
         answer = header.get("rlen", size)
         if size > flight.cap or type(answer) is not int or not 0 <= answer <= size \
                 or answer > flight.answer_cap:
-            raise _frames.FrameError(
+            raise frames.FrameError(
                 f"answered {size} bytes ({answer!r} of answer) to a request whose answer may "
                 f"carry {flight.cap} ({flight.answer_cap} of answer)", rid=rid)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
-from envfarm.template import open_memory_db
+from envfarm.confined.template import open_memory_db
 from synth.factory.candidates import singular
 
 #: table -> column -> number of distinct non-null values in the initial database

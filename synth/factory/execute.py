@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm.check import example_arguments
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.dbrows import table_rows
-from envfarm.runtime import EnvRuntime
 from synth.factory.consistent import Draw, relations
 from synth.factory.dbvalues import (
     DbColumns,

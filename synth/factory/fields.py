@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 
 from envfarm.check import probe_arguments, spec_endpoints
-from envfarm.runtime import EnvRuntime
+from envfarm.confined.runtime import EnvRuntime
 from synth.factory.model import Field_, Node, Param
 
 #: Deeper than this a response is nesting detail no chain binds to (and self-references stop here).

@@ -28,11 +28,11 @@ from typing import Any
 
 from envfarm.catalog import Catalog
 from envfarm.client import ASGITransport, EnvfarmError, Farm
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import SynthesisError
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
 from envfarm.hackprobes import HackReport, ProbeTask, probe_tasks
 from envfarm.models import EnvBundle, ToolCall, Verifier
-from envfarm.runtime import EnvRuntime
 from envfarm.verdict import Verdict
 from judge import Judge, JudgeConfig
 

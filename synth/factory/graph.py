@@ -9,8 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.errors import SynthesisError
-from envfarm.runtime import EnvRuntime
 from synth.factory.candidates import DEFAULT_THRESHOLD, candidate_edges
 from synth.factory.fields import build_nodes
 from synth.factory.model import ToolGraph

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from envfarm.check import check_solution
+from envfarm.confined.runtime import EnvRuntime
 from envfarm.models import ToolCall
-from envfarm.runtime import EnvRuntime
 from synth._jsonl import JsonlStore, read_jsonl
 from synth._probe import load_runtime
 from synth.guard import read_written_tables

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envfarm.template import execute_inserts
+from envfarm.confined.template import execute_inserts
 from synth import prompts
 from synth._context import Meter, RunContext
 from synth._correct import Attempt, self_correct

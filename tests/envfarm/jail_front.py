@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from envfarm.jail import JailPolicy, enter
+from envfarm.confined.jail import JailPolicy, enter
 
 
 def child(code: str, policy: dict, report_fd: int, secret_fd: int, parent: int) -> None:

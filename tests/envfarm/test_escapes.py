@@ -253,7 +253,7 @@ async def introspect(what: str):
     elif what == "ctypes":
         sys.modules["ctypes"].CDLL(None)
     elif what == "import_guard":
-        import envfarm._guard
+        import envfarm.confined._guard
     return {"ok": True}
 
 
@@ -398,7 +398,7 @@ def test_a_task_in_an_empty_context_stays_env_code(inst, target):
 
 @pytest.mark.parametrize("what,needle", [("gc", "gc.get_objects"), ("settrace", "sys.settrace"),
                                          ("ctypes", "ctypes.dlopen"),
-                                         ("import_guard", "may not import 'envfarm._guard'")])
+                                         ("import_guard", "may not import 'envfarm.confined._guard'")])
 def test_reaching_around_the_guard_is_refused(inst, what, needle):
     _refused(inst.call_sync("introspect", {"what": what}), needle)
 
@@ -439,7 +439,7 @@ def test_llm_ddl_and_inserts_cannot_write_files_at_template_build(tmp_path):
 
 def test_execute_inserts_hardens_any_connection_it_is_given(tmp_path):
     # synth runs LLM-written INSERTs through this on its own plain connections.
-    from envfarm.template import execute_inserts
+    from envfarm.confined.template import execute_inserts
 
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
@@ -456,7 +456,7 @@ def test_execute_inserts_hardens_any_connection_it_is_given(tmp_path):
     "PRAGMA mmap_size = 1000000", "SELECT length(zeroblob(200000000))",
 ])
 def test_dangerous_pragmas_and_functions_are_denied(sql):
-    from envfarm.template import open_memory_db
+    from envfarm.confined.template import open_memory_db
 
     with pytest.raises(sqlite3.Error):
         open_memory_db().execute(sql).fetchall()
@@ -594,7 +594,7 @@ def test_host_finalizers_run_by_the_collector_inside_env_code_may_wait(inst):
     import gc
     import threading
 
-    from envfarm._guard import CallGuard, guarded, in_env_code
+    from envfarm.confined._guard import CallGuard, guarded, in_env_code
 
     finished = threading.Thread(target=lambda: None)
     finished.start()
@@ -626,7 +626,7 @@ def test_a_dropped_worker_freed_by_the_collector_inside_env_code_is_still_ended(
     and failed the next test). Host finalizers run as host code wherever the collector runs."""
     import gc
 
-    from envfarm._guard import CallGuard, guarded
+    from envfarm.confined._guard import CallGuard, guarded
     from envfarm.worker._process import WorkerProcess
 
     worker = WorkerProcess({"jail": False, "memory_mb": 256})

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envfarm import EnvRuntime, _sqlite_guard
+from envfarm import EnvRuntime
+from envfarm.confined import _sqlite_guard
 from tests.fakes.toy_env import CODE, toy_bundle
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The kernel jail, attacked from inside a real jailed child (envfarm.jail).
+"""The kernel jail, attacked from inside a real jailed child (envfarm.confined.jail).
 
 A front process (jail_front.py) holds a secret in its environment and in an open file it never
 passes on; for each attack it forks a child that enters the jail and runs the attack's code.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envfarm.jail import JailError, JailPolicy, enter, support, worker_identity
+from envfarm.confined.jail import JailError, JailPolicy, enter, support, worker_identity
 
 REPO = Path(__file__).resolve().parents[2]
 FRONT = Path(__file__).with_name("jail_front.py")
@@ -187,7 +187,7 @@ ATTACKS: dict[str, tuple[str, dict, object]] = {
         result = json.dumps(c.execute('select * from t').fetchall())
         """), {}, lambda r: r["child"]["result"] == "'[[1]]'"),
     "restrict_reads narrows a later layer": (_c(f"""
-        from envfarm.jail import restrict_reads
+        from envfarm.confined.jail import restrict_reads
         import os
         restrict_reads([os.path.dirname(os.__file__)])
         result = len(open({str(FRONT)!r}).read())
@@ -259,7 +259,7 @@ def test_attack_ends_safely(name, reports):
 
 _NEWER = _c("""
     import ctypes, json, os
-    from envfarm.jail import _process, _seccomp
+    from envfarm.confined.jail import _process, _seccomp
     _process.no_new_privs()
     _seccomp.load_bpf(_seccomp.program(os.getpid(), True, False, highest=438))
     libc = ctypes.CDLL(None, use_errno=True)
@@ -282,7 +282,7 @@ def test_syscalls_newer_than_the_filter_knows_answer_enosys():
 
 _UNCONFINED = _c("""
     import json, os
-    from envfarm.jail import JailPolicy, switch_identity
+    from envfarm.confined.jail import JailPolicy, switch_identity
     switch_identity(JailPolicy(uid=0x7000_0000 + 35, keep_imports=True, max_threads=8))
     import colorsys  # first imported after the switch
     import resource
@@ -318,7 +318,7 @@ def test_a_policy_needing_more_than_the_kernel_has_is_refused():
 
 _ZYGOTE = _c("""
     import json, os, sys, threading
-    from envfarm.jail import JailError, JailPolicy, enter, prepare
+    from envfarm.confined.jail import JailError, JailPolicy, enter, prepare
     def _open(fd):
         try:
             os.fstat(fd)
@@ -381,7 +381,7 @@ def test_a_zygote_forks_and_its_children_tighten():
 
 _ORPHAN = _c("""
     import os, sys, time
-    from envfarm.jail import JailPolicy, enter
+    from envfarm.confined.jail import JailPolicy, enter
     pid = os.fork()
     if pid == 0:
         enter(JailPolicy(), keep_fds=())

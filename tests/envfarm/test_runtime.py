@@ -101,7 +101,7 @@ def test_the_runtime_imports_without_ray(tmp_path):
     import sys
 
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import envfarm, envfarm.runtime, envfarm.check, cluster.cli_envs, envfarm.catalog\n"
+            "import envfarm, envfarm.confined.runtime, envfarm.check, cluster.cli_envs, envfarm.catalog\n"
             "assert not any(m == 'ray' or m.startswith('ray.') for m in sys.modules if sys.modules[m])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)
@@ -120,7 +120,7 @@ def test_optional_body_models_are_flattened_too(toy_runtime):
 def test_one_openapi_generation_gives_the_tools_app_openapi_gives(request, catalog_fixture):
     """A cold start makes the app's OpenAPI once, the fastapi-mcp way, and reads the tools
     from it: the tools must be exactly those read from ``app.openapi()``."""
-    from envfarm._tools import extract_operations, openapi_as_fastapi_mcp
+    from envfarm.confined._tools import extract_operations, openapi_as_fastapi_mcp
 
     catalog = request.getfixturevalue(catalog_fixture)
     for env in catalog.servable:
@@ -134,7 +134,7 @@ def test_one_openapi_generation_gives_the_tools_app_openapi_gives(request, catal
 def test_an_app_that_changes_its_own_openapi_gets_it_generated_twice():
     from fastapi import FastAPI
 
-    from envfarm._tools import openapi_for_tools
+    from envfarm.confined._tools import openapi_for_tools
 
     plain = FastAPI()
 

@@ -13,8 +13,8 @@ import pytest
 
 from cluster.compose import LocalFarm
 from envfarm.client import Farm
+from envfarm.confined.jail import support
 from envfarm.farm import FarmConfig, PoolConfig
-from envfarm.jail import support
 
 pytestmark = pytest.mark.skipif(not support().ok, reason=f"kernel lacks: {support().describe()}")
 

@@ -30,4 +30,4 @@ def test_worker_script_imports_only_the_standard_library_and_the_jail():
             if node.module.split(".")[0] == "envfarm":
                 project |= {f"{node.module}.{a.name}" for a in node.names}
     assert names <= set(sys.stdlib_module_names) | {"__future__", "envfarm"}
-    assert project == {"envfarm.jail"}  # the zygote loads the jail, nothing else of ours
+    assert project == {"envfarm.confined.jail"}  # the zygote loads the jail, nothing else of ours

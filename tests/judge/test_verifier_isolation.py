@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envfarm.jail import support
+from envfarm.confined.jail import support
 from judge import VerifierErrorKind, VerifierSandbox
 from tests.judge.test_verifier_sandbox import children, wait_no_children
 

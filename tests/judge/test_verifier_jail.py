@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envfarm.jail import support
+from envfarm.confined.jail import support
 from tests.judge.test_verifier_isolation import _code
 
 pytestmark = pytest.mark.skipif(not support().ok, reason=f"kernel lacks: {support().describe()}")

@@ -186,7 +186,7 @@ def test_kill_9_and_resume_without_duplicates(tmp_path) -> None:
 
 
 def test_templated_verifier_checks_added_changed_and_deleted_rows(lending_chains, sandbox) -> None:
-    from envfarm.template import open_memory_db
+    from envfarm.confined.template import open_memory_db
     from synth.factory.execute import diff_rows
     from synth.factory.verifier import expected_state, verifier_code
 

@@ -256,7 +256,7 @@ def test_env_workers_under_serve_run_as_uids_of_their_own(serve_farm):
         assert replicas >= 2
         try:
             uids = [p.uids().real for p in psutil.Process().children(recursive=True)
-                    if "envfarm.worker" in " ".join(p.cmdline())]
+                    if "envfarm.confined" in " ".join(p.cmdline())]
         finally:
             for info in infos:
                 c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=auth(info))

@@ -16,7 +16,7 @@ import threading as _threading
 
 
 def _unguard():
-    guard = _sys.modules["envfarm._guard"]
+    guard = _sys.modules["envfarm.confined._guard"]
     guard._current.set(None)
     guard._env_threads.pop(_threading.get_ident(), None)
 

@@ -14,7 +14,7 @@ import sys as _sys
 
 
 def _host():
-    return _sys.modules["envfarm._guard"].host_code()
+    return _sys.modules["envfarm.confined._guard"].host_code()
 
 
 def _transport(kind):
@@ -122,7 +122,7 @@ async def whoami():
 @app.post("/t/poison", operation_id="poison")
 async def poison():
     """Patch the worker's runtime: every lease's list_notes and snapshot there are forged."""
-    runtime = _sys.modules["envfarm.runtime"]
+    runtime = _sys.modules["envfarm.confined.runtime"]
     call, snapshot = runtime.Instance.call, runtime.Instance.snapshot
 
     async def forged_call(self, tool, arguments=None):
@@ -170,7 +170,7 @@ async def stop_reading():
 async def huge_uncapped(mib: int = 60):
     """Lift the worker's answer cap (a module constant here) and answer ``mib`` MiB."""
     with _host():
-        _sys.modules["envfarm.worker._main"].MAX_RESULT_BYTES = 1 << 40
+        _sys.modules["envfarm.confined.env_worker"].MAX_RESULT_BYTES = 1 << 40
     return {"blob": "x" * (mib << 20)}
 
 

@@ -85,7 +85,7 @@ def test_the_bundled_envs_keep_no_module_state(bundled_catalog):
     import asyncio
 
     from envfarm.check import module_state_leaks
-    from envfarm.runtime import EnvRuntime
+    from envfarm.confined.runtime import EnvRuntime
 
     for name in bundled_catalog.servable:
         assert asyncio.run(module_state_leaks(EnvRuntime(bundled_catalog[name]))) == [], name

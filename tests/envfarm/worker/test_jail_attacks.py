@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envfarm.jail import support, worker_identity
+from envfarm.confined.jail import support, worker_identity
 from tests.envfarm.worker.conftest import start_farm
 from tests.envfarm.worker.hostile_env import with_code
 from tests.envfarm.worker.raw_env import raw_code
@@ -41,7 +41,7 @@ needs_root = pytest.mark.skipif(not ROOT, reason="a farm that is not root (or ro
                                 "privilege to drop and no uid of its own to cap threads with")
 AT_FDCWD = -100
 EPERM, EACCES = 1, 13
-MAX_THREADS = 128  # envfarm.worker._main.MAX_THREADS
+MAX_THREADS = 128  # envfarm.confined.env_worker.MAX_THREADS
 
 
 class Api:
@@ -292,7 +292,7 @@ def test_no_memory_file_is_made_or_executed(api, lease):
 
 
 def test_syscalls_newer_than_the_filter_answer_enosys(api, lease):
-    from envfarm.jail._seccomp import HIGHEST_REVIEWED
+    from envfarm.confined.jail._seccomp import HIGHEST_REVIEWED
 
     for nr in (HIGHEST_REVIEWED + 1, HIGHEST_REVIEWED + 7, 1000):
         assert api.syscall(lease, nr, 0, 0, 0) == {"rc": -1, "errno": 38, "bufs": []}
@@ -347,7 +347,7 @@ def _workers() -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.Process().children()
-            if "envfarm.worker" in " ".join(p.cmdline())]
+            if "envfarm.confined" in " ".join(p.cmdline())]
 
 
 def test_other_workers_processes_are_out_of_reach(api, lease):

@@ -86,17 +86,17 @@ async def test_an_answer_to_a_cancelled_call_is_not_taken_for_a_forgery(bundle):
 
 
 async def test_an_answer_to_a_request_never_sent_kills_the_worker(bundle):
-    from envfarm.worker import _frames
+    from envfarm.confined import frames
 
     env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False), warm=1)
     try:
         inst = await env.acquire()
         worker = inst.worker
-        worker.received(_frames.encode({"id": 10_000, "ok": True}))  # as if it forged one
+        worker.received(frames.encode({"id": 10_000, "ok": True}))  # as if it forged one
         assert worker.lost and "never sent" in worker.lost
         assert (await inst.call("list_notes", {})).ok  # no call was in flight: it moved on
         assert inst.worker is not worker
-        assert _frames.MAX_FRAME >= 1 << 20
+        assert frames.MAX_FRAME >= 1 << 20
     finally:
         await env.aclose()
 

@@ -15,19 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envfarm import _binding, _guard, _sqlite_guard
-from envfarm._guard import Tracked
-from envfarm._tools import (
+from envfarm.asgi import asgi_request, decode_body
+from envfarm.confined import _binding, _guard, _sqlite_guard
+from envfarm.confined._guard import Tracked
+from envfarm.confined._tools import (
     Operation,
     extract_operations,
     openapi_as_fastapi_mcp,
     openapi_for_tools,
 )
-from envfarm.asgi import asgi_request, decode_body
+from envfarm.confined.template import TemplateBuild, build_template, open_memory_db
 from envfarm.dbrows import without_rows
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
-from envfarm.template import TemplateBuild, build_template, open_memory_db
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
 MAX_PAYLOAD_BYTES = 1 << 20

@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from envfarm.jail import _identity, _imports, _landlock, _process, _seccomp
-from envfarm.jail._identity import WorkerIdentity, uid_from_config, worker_identity
+from envfarm.confined.jail import _identity, _imports, _landlock, _process, _seccomp
+from envfarm.confined.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
 __all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "WorkerIdentity", "enter",
            "prepare", "readable_roots", "restrict_reads", "support", "switch_identity",

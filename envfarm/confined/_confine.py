@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from envfarm import _guard
-from envfarm._guard import SandboxViolation, in_env_code
+from envfarm.confined import _guard
+from envfarm.confined._guard import SandboxViolation, in_env_code
 
 #: Waits longer than this inside env code would stall the event loop (or a worker thread).
 MAX_BLOCK_S = 0.05

@@ -23,7 +23,7 @@ import functools
 import os
 from dataclasses import dataclass
 
-from envfarm.jail import _process
+from envfarm.confined.jail import _process
 
 UID_BASE = 0x7000_0000
 NOBODY = 65534

@@ -25,7 +25,7 @@ import sqlalchemy
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 
-from envfarm import _guard, _sqlite_guard
+from envfarm.confined import _guard, _sqlite_guard
 from envfarm.errors import EnvLoadError
 
 

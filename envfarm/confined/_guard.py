@@ -427,7 +427,7 @@ def install() -> None:
         return
     with _install_lock:
         if not _installed:
-            from envfarm import _confine
+            from envfarm.confined import _confine
 
             _read_roots = _python_roots()
             _confine.patch_process()

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from envfarm._guard import host_code
+from envfarm.confined._guard import host_code
 
 
 def host_finalizer(obj: object, func: Callable[..., Any], *args: Any) -> weakref.finalize:

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from envfarm import _guard
+from envfarm.confined import _guard
 
 #: Largest string or blob a statement may build: ``zeroblob(10**9)`` would take a gigabyte.
 MAX_LENGTH = 64 << 20

@@ -1,6 +1,6 @@
 """An env worker: one env type's code and the instances of the leases it holds.
 
-Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
+Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.confined CONFIG``
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
 one frame each way: ``new`` (an instance of the template or of a task's own starting
@@ -20,13 +20,13 @@ import sys
 import time
 from typing import Any
 
+from envfarm.confined import frames
 from envfarm.models import CallResult, ToolError
-from envfarm.worker import _frames
 
 #: How long the tasks of a request may take to hand their reply to the pipe at exit.
 _EXIT_GRACE_S = 1.0
 #: Largest tool answer passed on (an agent reads it; the front enforces it too).
-MAX_RESULT_BYTES = _frames.MAX_RESULT_BYTES
+MAX_RESULT_BYTES = frames.MAX_RESULT_BYTES
 #: Threads (tasks of its uid) a worker may have: FastAPI runs sync handlers on up to 40 anyio
 #: threads, plus the event loop, the call watchdog and executors. A thread bomb stops here,
 #: with a typed error, instead of filling the host's pid table.
@@ -58,7 +58,7 @@ def _leave_project_root() -> None:
 
 
 def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
-    from envfarm import jail
+    from envfarm.confined import jail
 
     policy = jail.JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
                              processes=False, uid=jail.uid_from_config(config),
@@ -173,7 +173,7 @@ class Worker:
                 return {"ok": True, "restored": False, "error": "no source instance"}, b""
             async with src.lock:
                 payload = src.snapshot()
-            delta = _frames.encode_delta(self.shipped[int(src_key)], payload)
+            delta = frames.encode_delta(self.shipped[int(src_key)], payload)
         async with inst.lock:
             try:
                 inst.restore(payload)
@@ -190,12 +190,12 @@ class Worker:
         if shipped is image:
             return b""
         self.shipped[key] = image
-        return _frames.encode_delta(shipped or b"", image)
+        return frames.encode_delta(shipped or b"", image)
 
 
 def _load(header: dict[str, Any]):
+    from envfarm.confined.runtime import EnvRuntime
     from envfarm.models import EnvBundle
-    from envfarm.runtime import EnvRuntime
 
     bundle = EnvBundle.model_validate(header["bundle"])
     return EnvRuntime(bundle, call_timeout_s=header["call_timeout_s"],
@@ -206,13 +206,13 @@ def _load(header: dict[str, Any]):
 async def _serve(worker: Worker, proto_in: int, proto_out: int) -> None:
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    reader = _frames.FrameReader()
+    reader = frames.FrameReader()
 
     class Channel(asyncio.Protocol):
         def data_received(self, data: bytes) -> None:
             try:
                 for body in reader.feed(data):
-                    worker.on_frame(*_frames.decode(body))
+                    worker.on_frame(*frames.decode(body))
             except Exception:  # noqa: BLE001 - the front sent garbage: stop
                 if not done.done():
                     done.set_result(None)
@@ -231,7 +231,7 @@ async def _serve(worker: Worker, proto_in: int, proto_out: int) -> None:
     def send(header: dict[str, Any], payload: bytes = b"") -> None:
         if not batch:
             loop.call_soon(flush)
-        batch.append(_frames.encode(header, payload))
+        batch.append(frames.encode(header, payload))
 
     worker.send = send
     await loop.connect_read_pipe(Channel, os.fdopen(proto_in, "rb", 0))
@@ -247,7 +247,7 @@ def main() -> None:
     import fastapi  # noqa: F401
     import sqlalchemy.orm  # noqa: F401
 
-    import envfarm.runtime  # noqa: F401
+    import envfarm.confined.runtime  # noqa: F401
 
     _leave_project_root()
     # The event loop's self-pipe is a socketpair: made now, as the jail forbids sockets.
@@ -255,17 +255,17 @@ def main() -> None:
     # Only fds 0-2 were inherited (the front spawns with close_fds): every other open fd is
     # this process's own (the channel, the loop's), and the jail keeps them.
     jail = _enter_jail(config, tuple(int(fd) for fd in os.listdir("/proc/self/fd")))
-    hello = _frames.encode({"ready": True, "pid": os.getpid(), "jail": jail})
-    _frames.write_all(proto_out, hello)
+    hello = frames.encode({"ready": True, "pid": os.getpid(), "jail": jail})
+    frames.write_all(proto_out, hello)
     try:
-        header, _ = _frames.read_blocking(proto_in, time.monotonic() + 3600)
-    except (EOFError, TimeoutError, _frames.FrameError):
+        header, _ = frames.read_blocking(proto_in, time.monotonic() + 3600)
+    except (EOFError, TimeoutError, frames.FrameError):
         return
     try:
         runtime = _load(header)
     except Exception as exc:  # noqa: BLE001 - EnvLoadError, or anything the code raised
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        _frames.write_all(proto_out, _frames.encode({"ok": False, "error": message[:2000]}))
+        frames.write_all(proto_out, frames.encode({"ok": False, "error": message[:2000]}))
         return
     leaks = []
     if header.get("probe_module_state"):
@@ -280,7 +280,7 @@ def main() -> None:
               "problems": runtime.problems, "build_s": runtime.build_seconds,
               "tables": runtime.template.tables, "rows": runtime.template.rows,
               "module_state": leaks}
-    _frames.write_all(proto_out, _frames.encode(loaded, runtime.template.data))
+    frames.write_all(proto_out, frames.encode(loaded, runtime.template.data))
     worker = Worker(send=None)
     worker.runtime = runtime
     asyncio.set_event_loop(loop)

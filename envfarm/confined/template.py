@@ -10,7 +10,7 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 
-from envfarm._sqlite_guard import connect_memory, harden
+from envfarm.confined._sqlite_guard import connect_memory, harden
 from envfarm.models import DBSchema, SampleData
 
 

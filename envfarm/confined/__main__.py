@@ -1,0 +1,3 @@
+from envfarm.confined.env_worker import main
+
+main()

@@ -1,3 +1,0 @@
-from envfarm.worker._main import main
-
-main()
