@@ -25,7 +25,7 @@ import sqlalchemy
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionRecord
 
-from envfarm.confined import _guard, _sqlite_guard
+from envfarm.confined import _confine, _guard, _sqlite_guard
 from envfarm.errors import EnvLoadError
 
 
@@ -186,7 +186,7 @@ def load_module(env_name: str, code: str, conn: sqlite3.Connection) -> types.Mod
     token = bind(Slot(conn))
     try:
         compiled = compile(code, f"<env {env_name}>", "exec")
-        with warnings.catch_warnings(), _guard.restricted():
+        with warnings.catch_warnings(), _confine.restricted():
             warnings.simplefilter("ignore")
             exec(compiled, module.__dict__)
     except BaseException as exc:  # noqa: BLE001 - any failure of generated code is a load error

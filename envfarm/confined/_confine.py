@@ -20,7 +20,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from envfarm.confined import _guard
 from envfarm.confined._guard import SandboxViolation, in_env_code
@@ -252,8 +253,41 @@ def _patch_environ() -> None:
 
 
 def patch_process() -> None:
-    """Apply every patch once (``_guard.install`` calls this)."""
+    """Apply every patch once (``install`` calls this)."""
     _patch_threads()
     _patch_process_control()
     _patch_blocking()
     _patch_environ()
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    """Install the process-wide patches and audit hook once (inert outside env code)."""
+    global _installed
+    if _installed:
+        return
+    with _install_lock:
+        if not _installed:
+            patch_process()
+            _guard.start_auditing()
+            _installed = True
+
+
+@contextmanager
+def guarded(guard: _guard.CallGuard) -> Iterator[None]:
+    """Run a block as env code: the audit hook and the patches refuse forbidden actions, the
+    watchdog times out."""
+    install()
+    with _guard.as_env_code(guard):
+        yield
+
+
+@contextmanager
+def restricted() -> Iterator[None]:
+    """Audit-hook restrictions without a deadline (module import time of env code)."""
+    guard = _guard.CallGuard(timeout_s=3600.0, conn=None)
+    with guarded(guard), guard.running():
+        yield

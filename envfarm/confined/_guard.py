@@ -1,6 +1,6 @@
 """Confinement of generated env code inside the serving process: what counts as env code, the
-audit hook, and the timeout watchdog. Process-wide patches live in ``_confine``, SQLite's
-authorizer in ``_sqlite_guard``.
+audit hook, and the timeout watchdog. Process-wide patches, and entering a guarded block
+(``_confine.guarded``), live in ``_confine``; SQLite's authorizer in ``_sqlite_guard``.
 
 Threat model (docs/security.md): env code is untrusted LLM output, buggy and sometimes
 careless with the host (reads a file, spawns a thread, ATTACHes a database, calls sys.exit). The
@@ -298,9 +298,9 @@ def in_env_code() -> bool:
 
 
 @contextmanager
-def guarded(guard: CallGuard) -> Iterator[None]:
-    """Run a block as env code: the audit hook refuses forbidden actions, the watchdog times out."""
-    install()
+def as_env_code(guard: CallGuard) -> Iterator[None]:
+    """Run a block as env code under ``guard``: the watchdog times it out, and the refusals
+    (installed by ``_confine.guarded``, which wraps this) apply to it."""
     _watchdog.watch(guard)  # may start the watchdog thread: not as env code
     token = _current.set(guard)
     try:
@@ -353,14 +353,6 @@ def track_tasks(loop) -> None:
 
     task_factory.envfarm_tracks_tasks = True
     loop.set_task_factory(task_factory)
-
-
-@contextmanager
-def restricted() -> Iterator[None]:
-    """Audit-hook restrictions without a deadline (module import time of env code)."""
-    guard = CallGuard(timeout_s=3600.0, conn=None)
-    with guarded(guard), guard.running():
-        yield
 
 
 _read_roots: tuple[str, ...] = ()
@@ -416,23 +408,11 @@ def guarded_sleep(seconds: float) -> None:
     _real_sleep(seconds)
 
 
-_installed = False
-_install_lock = threading.Lock()
-
-
-def install() -> None:
-    """Install the process-wide audit hook and patches once (inert outside env code)."""
-    global _installed, _read_roots
-    if _installed:
-        return
-    with _install_lock:
-        if not _installed:
-            from envfarm.confined import _confine
-
-            _read_roots = _python_roots()
-            _confine.patch_process()
-            sys.addaudithook(_audit)
-            _installed = True
+def start_auditing() -> None:
+    """Add the audit hook to this process (once: ``_confine.install``); inert outside env code."""
+    global _read_roots
+    _read_roots = _python_roots()
+    sys.addaudithook(_audit)
 
 
 #: How late past its deadline the watchdog may fire a guard (it wakes at most once per tick).

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envfarm.asgi import asgi_request, decode_body
-from envfarm.confined import _binding, _guard, _sqlite_guard
+from envfarm.confined import _binding, _confine, _guard, _sqlite_guard
 from envfarm.confined._guard import Tracked
 from envfarm.confined._tools import (
     Operation,
@@ -273,7 +273,7 @@ class Instance:
         timeout = self.runtime.call_timeout_s
         status: int | None = None
         try:
-            with _guard.guarded(guard):
+            with _confine.guarded(guard):
                 try:
                     async with asyncio.timeout(timeout):
                         coro = asgi_request(self.runtime.app, op.method, path, query, body)

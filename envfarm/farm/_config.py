@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envfarm.errors import ConfinementUnavailable
 from envfarm.farm._quarantine import QuarantineConfig
-from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 from envfarm.worker import WorkerOptions
 
@@ -18,6 +17,9 @@ log = logging.getLogger("envfarm.farm")
 
 #: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
 ON_DEMAND_ABOVE = 16
+
+#: How MCP lists an env's tools (``FarmConfig.tool_schemas``; ``_schemas.render_tools``).
+ToolRendering = Literal["fastapi-mcp", "envfarm"]
 
 
 class PoolConfig(BaseModel):

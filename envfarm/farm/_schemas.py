@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from envfarm.farm._config import ToolRendering
 from envfarm.models import ToolSpec
 
-if TYPE_CHECKING:  # _config imports this module, and _served imports _config
+if TYPE_CHECKING:
     from envfarm.farm._served import ServedEnv
 
 log = logging.getLogger("envfarm.farm")
-
-ToolRendering = Literal["fastapi-mcp", "envfarm"]
 
 
 def render_tools(served: ServedEnv, rendering: ToolRendering = "fastapi-mcp") -> list[ToolSpec]:

@@ -594,7 +594,8 @@ def test_host_finalizers_run_by_the_collector_inside_env_code_may_wait(inst):
     import gc
     import threading
 
-    from envfarm.confined._guard import CallGuard, guarded, in_env_code
+    from envfarm.confined._confine import guarded
+    from envfarm.confined._guard import CallGuard, in_env_code
 
     finished = threading.Thread(target=lambda: None)
     finished.start()
@@ -626,7 +627,8 @@ def test_a_dropped_worker_freed_by_the_collector_inside_env_code_is_still_ended(
     and failed the next test). Host finalizers run as host code wherever the collector runs."""
     import gc
 
-    from envfarm.confined._guard import CallGuard, guarded
+    from envfarm.confined._confine import guarded
+    from envfarm.confined._guard import CallGuard
     from envfarm.worker._process import WorkerProcess
 
     worker = WorkerProcess({"jail": False, "memory_mb": 256})
