@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from envfarm.check import probe_arguments, spec_endpoints
+from envfarm.confined.probing import probe_arguments, spec_endpoints
 from envfarm.confined.runtime import EnvRuntime
 from envfarm.dbrows import changed_rows, delete_row, table_rows
 from envfarm.models import CallResult, ToolCall, ToolSpec

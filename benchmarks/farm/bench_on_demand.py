@@ -236,10 +236,10 @@ def cold_start_stages(sources: list[Path] | None) -> dict[str, Any]:
     import envfarm.confined.runtime
     imports_ms = (time.process_time() - started) * 1000
     from envfarm.catalog import BUNDLED_CATALOG, load_catalog
-    from envfarm.check import module_state_leaks
     from envfarm.confined import _binding
     from envfarm.confined import frames
     from envfarm.confined._tools import extract_operations, openapi_for_tools
+    from envfarm.confined.probing import module_state_leaks
     from envfarm.confined.template import build_template
     from envfarm.farm._schemas import render_tools
     from envfarm.models import EnvBundle, ToolSpec

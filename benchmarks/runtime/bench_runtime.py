@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from envfarm import EnvRuntime, build_template, load_catalog
-from envfarm.check import example_arguments
+from envfarm.confined.probing import example_arguments
 from envfarm.errors import CatalogError
 
 ROOT = Path(__file__).resolve().parents[2]

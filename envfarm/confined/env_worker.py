@@ -48,9 +48,8 @@ def _leave_project_root() -> None:
     checkout's root holds much more (tests, benchmarks, .git, local settings): once envfarm is
     imported its package folder is enough, so the root leaves sys.path and with it the jail's
     readable roots, which follow sys.path. An installed envfarm's root is site-packages: kept."""
-    import envfarm
-
-    root = os.path.dirname(os.path.dirname(os.path.realpath(envfarm.__file__)))
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # envfarm/
+    root = os.path.dirname(package)
     if os.path.basename(root) in ("site-packages", "dist-packages"):
         return
     sys.path[:] = [p for p in sys.path if not (isinstance(p, str) and os.path.isabs(p)
@@ -269,7 +268,7 @@ def main() -> None:
         return
     leaks = []
     if header.get("probe_module_state"):
-        from envfarm.check import module_state_leaks
+        from envfarm.confined.probing import module_state_leaks
 
         leaks = loop.run_until_complete(module_state_leaks(runtime))
     try:

@@ -55,7 +55,7 @@ class WorkerOptions:
     max_payload_bytes: int = 1 << 20
     #: Let workers write to the front's stderr (debugging a catalog).
     stderr: bool = False
-    #: At load, find module-level state that tool calls change (``check.module_state_leaks``);
+    #: At load, find module-level state that tool calls change (``envfarm.confined.probing.module_state_leaks``);
     #: such an env gets a fresh worker per lease.
     probe_module_state: bool = True
     #: How often the CPU watch looks (0: never), and the share of the time a worker's threads

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from envfarm.check import example_arguments
+from envfarm.confined.probing import example_arguments
 from envfarm.confined.runtime import EnvRuntime
 from envfarm.dbrows import table_rows
 from synth.factory.consistent import Draw, relations

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from envfarm.check import probe_arguments, spec_endpoints
+from envfarm.confined.probing import probe_arguments, spec_endpoints
 from envfarm.confined.runtime import EnvRuntime
 from synth.factory.model import Field_, Node, Param
 

@@ -84,7 +84,7 @@ def test_module_state_is_detected_at_load_and_isolated_per_lease(http, farm):
 def test_the_bundled_envs_keep_no_module_state(bundled_catalog):
     import asyncio
 
-    from envfarm.check import module_state_leaks
+    from envfarm.confined.probing import module_state_leaks
     from envfarm.confined.runtime import EnvRuntime
 
     for name in bundled_catalog.servable:
