@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from envfarm.confined.dbrows import changed_rows, delete_row, table_rows
 from envfarm.confined.probing import probe_arguments, spec_endpoints
 from envfarm.confined.runtime import EnvRuntime
-from envfarm.dbrows import changed_rows, delete_row, table_rows
 from envfarm.models import CallResult, ToolCall, ToolSpec
 
 #: most values a dump answer lists, and its most characters (the sandbox takes 1 MiB requests)

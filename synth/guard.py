@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from envfarm.catalog import Catalog
+from envfarm.confined.dbrows import changed_rows
 from envfarm.confined.probing import probe_arguments
 from envfarm.confined.runtime import EnvRuntime
-from envfarm.dbrows import changed_rows
 from synth.factory.verifier import READER, reader_source
 
 CODE_FUNCTION = "verify_task_completion"

@@ -129,7 +129,7 @@ async def probe_episodes(episodes: list[dict], judge: Judge) -> list:
 
 
 def _state(runtime: EnvRuntime, episode: dict) -> bytes:
-    from envfarm.dbrows import without_rows
+    from envfarm.confined.dbrows import without_rows
 
     return without_rows(runtime.template.data, episode["task_state"])
 

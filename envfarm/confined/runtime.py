@@ -24,8 +24,8 @@ from envfarm.confined._tools import (
     openapi_as_fastapi_mcp,
     openapi_for_tools,
 )
+from envfarm.confined.dbrows import without_rows
 from envfarm.confined.template import TemplateBuild, build_template, open_memory_db
-from envfarm.dbrows import without_rows
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
 

@@ -16,9 +16,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from envfarm.confined.dbrows import table_rows
 from envfarm.confined.probing import example_arguments
 from envfarm.confined.runtime import EnvRuntime
-from envfarm.dbrows import table_rows
 from synth.factory.consistent import Draw, relations
 from synth.factory.dbvalues import (
     DbColumns,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envfarm.dbrows import table_rows, without_rows
+from envfarm.confined.dbrows import table_rows, without_rows
 from synth.factory.consistent import relations
 from synth.factory.dbvalues import foreign_keys
 

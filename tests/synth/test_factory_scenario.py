@@ -10,7 +10,7 @@ import pytest
 
 from cluster.compose import compose_core
 from envfarm import EnvRuntime, load_catalog
-from envfarm.dbrows import table_rows
+from envfarm.confined.dbrows import table_rows
 from envfarm.farm import FarmConfig, PoolConfig
 from synth.factory.chains import sample_chains
 from synth.factory.consistent import relations

@@ -12,7 +12,7 @@ import pytest
 from cluster.compose import LocalFarm
 from envfarm.catalog import BUNDLED_CATALOG, load_catalog
 from envfarm.client import Farm
-from envfarm.dbrows import table_rows
+from envfarm.confined.dbrows import table_rows
 from envfarm.farm import FarmConfig, PoolConfig
 from tests.envfarm.farm.conftest import ENV, farm_client
 
