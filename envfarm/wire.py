@@ -30,6 +30,8 @@ __all__ = [
     "EnvSummary",
     "ErrorBody",
     "ForkRequest",
+    "ForwardedRequest",
+    "ForwardedResponse",
     "Health",
     "LeaseBatchRequest",
     "LeaseInfo",
@@ -343,3 +345,35 @@ class ErrorBody(_Wire):
 
 
 EnvDetail.model_rebuild()
+
+
+# -- a request handed from one farm process to another, whole (the Serve shell's hop) ----------
+class ForwardedRequest(_Wire):
+    """An HTTP request one farm process hands to the pool replica that serves it, by handle:
+    the Serve front for packed envs and OpenEnv steps, a pool app's door, a replica that got
+    another owner's lease."""
+
+    method: str
+    path: str
+    query_string: bytes = b""
+    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
+    body: bytes = b""
+
+    @classmethod
+    def of_scope(cls, scope: dict[str, Any], body: bytes,
+                 extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> ForwardedRequest:
+        """The request an ASGI HTTP ``scope`` and its ``body`` make, with its full path (the
+        pool routes on full paths; ASGI's path holds ``root_path`` already, but be sure)."""
+        root, path = scope.get("root_path", ""), scope["path"]
+        if root and not path.startswith(root):
+            path = root + path
+        return cls(method=scope["method"], path=path, query_string=scope.get("query_string", b""),
+                   headers=[*scope.get("headers", ()), *extra_headers], body=body)
+
+
+class ForwardedResponse(_Wire):
+    """The answer to a ``ForwardedRequest``, whole."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
+    body: bytes = b""

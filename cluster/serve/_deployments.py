@@ -17,14 +17,14 @@ from typing import Any
 import ray
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster.compose import compose_core
+from cluster.serve._forward import forward, to_response
 from cluster.serve._handles import fresh_call
 from cluster.serve._openenv import HandleLeaseAPI
-from cluster.serve._router import INDEX_PREFIX, owner_from_path
+from cluster.serve._router import INDEX_PREFIX
 from cluster.serve._to_owner import ToOwner
 from envfarm.asgi import call_asgi
 from envfarm.catalog import load_catalog
@@ -58,7 +58,7 @@ from envfarm.farm import (
     serve_socket,
     summarize_status,
 )
-from envfarm.wire import by_owner
+from envfarm.wire import ForwardedRequest, ForwardedResponse, by_owner
 
 
 class _FullPath:
@@ -90,26 +90,6 @@ def _merged(answers: list[Any]) -> list[QuarantinedTask]:
 def _node_id() -> str:
     """The Ray node this replica runs on (the status page groups replicas by node)."""
     return ray.get_runtime_context().get_node_id()
-
-
-class ForwardedRequest(BaseModel):
-    """An HTTP request the front hands to a pool replica by handle (packed envs)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: str
-    path: str
-    query_string: bytes = b""
-    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
-    body: bytes = b""
-
-
-class ForwardedResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    status: int
-    headers: list[tuple[bytes, bytes]] = Field(default_factory=list)
-    body: bytes = b""
 
 
 @serve.ingress()
@@ -263,7 +243,7 @@ class Front:
         install_status_routes(app, status)
 
         install_quarantine_routes(app, self.quarantined, self.lift_quarantine)
-        openenv = HandleLeaseAPI(self)
+        openenv = HandleLeaseAPI(self.catalog, served, self.config.tenants, self.handle)
 
         @app.websocket(OPENENV_PATH)
         async def openenv_socket(websocket: WebSocket) -> None:
@@ -275,7 +255,7 @@ class Front:
 
         @app.api_route("/envs/{env}", methods=["GET"])
         @app.api_route("/envs/{env}/{rest:path}", methods=["GET", "POST", "DELETE"])
-        async def forward(request: Request, env: str, rest: str = "") -> Response:
+        async def to_packed_env(request: Request, env: str, rest: str = "") -> Response:
             # Only packed envs get here once the farm is up: an env with its own app matches a
             # longer route prefix, except while that app is not routable yet.
             try:
@@ -286,14 +266,8 @@ class Front:
                 return error_response(FarmNotReady(
                     f"env {env!r} is starting: not routable yet; retry", env=env,
                     retry_after_s=1.0))
-            fwd = ForwardedRequest(method=request.method, path=request.url.path,
-                                   query_string=request.url.query.encode(),
-                                   headers=list(request.scope["headers"]),
-                                   body=await request.body())
-            res = await fresh_call(handle.forward, fwd, owner=owner_from_path(fwd.path))
-            headers = {k.decode(): v.decode() for k, v in res.headers
-                       if k.lower() != b"content-length"}
-            return Response(res.body, status_code=res.status, headers=headers)
+            fwd = ForwardedRequest.of_scope(request.scope, await request.body())
+            return to_response(await forward(handle, fwd))
 
         return app
 

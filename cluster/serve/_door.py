@@ -15,11 +15,11 @@ from ray.exceptions import ActorDiedError, RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cluster.serve._deployments import ForwardedRequest
-from cluster.serve._handles import fresh_call
+from cluster.serve._forward import forward, to_response
 from cluster.serve._router import owner_from_path
 from envfarm.errors import EnvfarmError, LeaseGone, PayloadTooLarge, PoolExhausted
 from envfarm.farm import error_response
+from envfarm.wire import ForwardedRequest
 
 
 class Door:
@@ -35,29 +35,20 @@ class Door:
             return error_response(PayloadTooLarge(
                 f"request body is over the {self.max_body_bytes} byte limit",
                 limit=self.max_body_bytes))
-        # The pool routes on full paths; ASGI's path holds root_path already, but be sure.
-        root, path = request.scope.get("root_path", ""), request.scope["path"]
-        if root and not path.startswith(root):
-            path = root + path
-        fwd = ForwardedRequest(method=request.method, path=path,
-                               query_string=request.scope.get("query_string", b""),
-                               headers=list(request.scope.get("headers", [])), body=body)
-        owner = owner_from_path(path)
+        fwd = ForwardedRequest.of_scope(request.scope, body)
         try:
-            res = await fresh_call(self.pool.forward, fwd, owner=owner)
+            return to_response(await forward(self.pool, fwd))
         except RayActorError as exc:
             # Retry only where nothing can have happened: no lease state (a new lease, the
             # catalog) and a replica that is dead, not merely unreachable (a live one may have
             # made the lease already; the client gets a retryable error and decides).
+            owner = owner_from_path(fwd.path)
             if owner is not None or not isinstance(exc, ActorDiedError):
                 return error_response(_replica_lost(owner, exc))
-            try:
-                res = await fresh_call(self.pool.forward, fwd, owner=None)
-            except RayActorError as again:
-                return error_response(_replica_lost(None, again))
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in res.headers
-                   if k.lower() != b"content-length"}
-        return Response(res.body, status_code=res.status, headers=headers)
+        try:
+            return to_response(await forward(self.pool, fwd))
+        except RayActorError as again:
+            return error_response(_replica_lost(None, again))
 
 
 def _replica_lost(owner: str | None, exc: RayActorError) -> EnvfarmError:

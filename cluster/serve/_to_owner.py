@@ -14,10 +14,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cluster.serve._handles import fresh_call
+from cluster.serve._forward import forward, owner_lost, to_response
 from cluster.serve._router import owner_from_path
-from envfarm.errors import LeaseGone
 from envfarm.farm import error_response, read_body, scope_header
+from envfarm.wire import ForwardedRequest
 
 #: Marks a request already handed on once (its value: the replica that handed it on).
 FORWARDED = b"x-envfarm-forwarded"
@@ -38,25 +38,14 @@ class ToOwner:
         if owner is None or owner == self.owner or scope_header(scope, FORWARDED) is not None:
             await self.app(scope, receive, send)
             return
-        from cluster.serve._deployments import ForwardedRequest
-
         body = await read_body(receive)
         if body is None:
             return  # the client is gone
-        request = ForwardedRequest(
-            method=scope["method"], path=scope["path"],
-            query_string=scope.get("query_string", b""),
-            headers=[*scope.get("headers", ()), (FORWARDED, self.owner.encode())], body=body)
+        request = ForwardedRequest.of_scope(scope, body, [(FORWARDED, self.owner.encode())])
         self.handed_on += 1
         try:
-            res = await fresh_call(self._pool().forward, request, owner=owner)
+            res = await forward(self._pool(), request)
         except Exception as exc:  # noqa: BLE001 - the owner died between routing and answer
-            gone = LeaseGone(f"the replica {owner!r} that owns this lease did not answer "
-                             f"({type(exc).__name__}); its state is lost, start a new lease",
-                             owner=owner)
-            await error_response(gone)(scope, receive, send)
+            await error_response(owner_lost(owner, exc))(scope, receive, send)
             return
-        headers = [(k, v) for k, v in res.headers if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(res.body)).encode()))
-        await send({"type": "http.response.start", "status": res.status, "headers": headers})
-        await send({"type": "http.response.body", "body": res.body})
+        await to_response(res)(scope, receive, send)

@@ -295,7 +295,7 @@ async def test_a_request_forced_onto_a_non_owner_is_never_served_fresh(haproxy_f
     request already handed on once is answered where it lands: 410 there, state untouched."""
     from ray import serve
 
-    from cluster.serve._deployments import ForwardedRequest
+    from envfarm.wire import ForwardedRequest
     from cluster.serve._handles import fresh_call
     from cluster.serve._to_owner import FORWARDED
 
