@@ -1,4 +1,6 @@
-"""The `envfarm` command line: one root app; each concern registers its own sub-commands."""
+"""The `envfarm` command line: one root app; each concern registers its own sub-commands, and
+what one package needs of another is handed in here (synth gets the trainer's agent loop and
+SFT format as arguments)."""
 
 from __future__ import annotations
 
@@ -7,24 +9,28 @@ import typer
 from cluster import cli_envs, cli_farm
 from cluster.cli_train import register as register_trainer
 from judge.cli import judge_command
-from synth.cli import app as synth_app
-from synth.factory.gate import AgentSolver, register_agent_loop
+from synth.cli import make_app as synth_app
+from synth.factory.gate import AgentEndpoint, AgentSolver
+from trainer import sft
 from trainer.episode import EpisodeConfig, run_episode
 from trainer.policy import OpenAIPolicy
-from trainer.sft import register as register_sft_format
+
+
+def trainer_agent(endpoint: AgentEndpoint) -> AgentSolver:
+    """`envfarm synth queries`' gate: the trainer's agent loop on an OpenAI-compatible endpoint
+    must solve each written request."""
+    return AgentSolver(run_episode, OpenAIPolicy(endpoint.base_url, endpoint.model,
+                                                 api_key=endpoint.api_key),
+                       EpisodeConfig(max_turns=endpoint.max_turns, window=None))
+
 
 app = typer.Typer(help="envfarm: synthesize, serve and verify tool-use environments for RL.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(cli_envs.app, name="envs")
 cli_farm.register(app)
-app.add_typer(synth_app, name="synth")
+app.add_typer(synth_app(agent_loop=trainer_agent, sft_formats=sft.FORMATS), name="synth")
 app.command("judge")(judge_command)
 register_trainer(app)
-register_sft_format()  # `envfarm synth export` writes the trainer's Qwen3 format too
-# `envfarm synth queries`' gate: an agent (the trainer's loop) must solve each written request.
-register_agent_loop(lambda ep: AgentSolver(
-    run_episode, OpenAIPolicy(ep.base_url, ep.model, api_key=ep.api_key),
-    EpisodeConfig(max_turns=ep.max_turns, window=None)))
 
 
 if __name__ == "__main__":

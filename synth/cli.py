@@ -12,15 +12,21 @@ import asyncio
 import inspect
 import sys
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer import _click as click  # typer ships its own click; its parser raises these classes
 from typer.core import TyperCommand
 
 from envfarm.errors import EnvfarmError
+from synth._llm_options import LLM_OPTIONS, llm_config, with_llm_options
+from synth.config import STAGES
+from synth.factory import cli as factory_cli
 
-app = typer.Typer(help="Synthesize AWM-format environments with any OpenAI-compatible LLM.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from synth.factory.export import SftFormat
+    from synth.factory.gate import AgentLoop
 
 _STAGE_HELP = {
     "scenario": "Self-Instruct scenario expansion from seeds (classifier, dedup, category caps).",
@@ -32,47 +38,6 @@ _STAGE_HELP = {
     "verifier": "Per-task sql/code verifiers run in the sandbox, then the acceptance gate.",
     "all": "Every stage, streaming scenarios through them concurrently.",
 }
-
-
-def _parse_pairs(values: list[str], what: str) -> dict[str, str]:
-    out = {}
-    for v in values:
-        key, sep, val = v.partition("=")
-        if not sep or not key or not val:
-            raise EnvfarmError(f"{what} must look like KEY=VALUE, got {v!r}")
-        out[key] = val
-    return out
-
-
-def llm_config(out: Path, *, llm_base_url: str | None, llm_model: str | None, llm_api_key: str | None,
-               stage_model: list[str], price: list[str], llm_concurrency: int, llm_replay: Path | None,
-               llm_record: Path | None, cache_dir: Path | None, no_cache: bool) -> Any:
-    """The ``envfarm.llm.LLMConfig`` of the LLM options every LLM-using command takes."""
-    from envfarm.llm import LLMConfig, Price
-
-    prices = {}
-    for model, spec in _parse_pairs(price, "--price").items():
-        inp, _, outp = spec.partition("/")
-        prices[model] = Price(input_per_mtok=float(inp), output_per_mtok=float(outp or 0))
-    cfg = LLMConfig.from_env(
-        base_url=llm_base_url, model=llm_model, api_key=llm_api_key,
-        stage_models=_parse_pairs(stage_model, "--stage-model") or None,
-        max_concurrency=llm_concurrency, replay_path=llm_replay, record_path=llm_record,
-        cache_dir=None if no_cache else (cache_dir or out / "llm_cache"),
-    )
-    cfg.prices.update(prices)
-    return cfg
-
-
-#: The LLM endpoint options (``llm_config``'s keywords), shared by every command that calls the LLM.
-LLM_OPTIONS = ("llm_base_url", "llm_model", "llm_api_key", "stage_model", "price", "llm_concurrency",
-               "llm_replay", "llm_record", "cache_dir", "no_cache")
-
-
-def llm_option_parameters() -> list[inspect.Parameter]:
-    """The ``LLM_OPTIONS`` parameters (typer options) of the stage commands, for other commands' signatures."""
-    sig = inspect.signature(_full_command(()), eval_str=True)
-    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name in LLM_OPTIONS]
 
 
 #: Options every stage command takes: the run folder, the LLM endpoint and its bookkeeping.
@@ -133,16 +98,6 @@ def _make_command(stages: tuple[str, ...]) -> Any:
 def _full_command(stages: tuple[str, ...]) -> Any:
     def command(
         out: Path = typer.Option(Path("synth_out"), "--out", "-o", help="run folder of AWM JSONL files"),
-        llm_base_url: str = typer.Option(None, help="OpenAI-compatible base URL [env ENVFARM_LLM_BASE_URL]"),
-        llm_model: str = typer.Option(None, help="default model [env ENVFARM_LLM_MODEL]"),
-        llm_api_key: str = typer.Option(None, help="API key [env ENVFARM_LLM_API_KEY]"),
-        stage_model: list[str] = typer.Option([], help="STAGE=MODEL, repeatable (e.g. env=gpt-5)"),
-        price: list[str] = typer.Option([], help="MODEL=IN/OUT USD per 1M tokens, repeatable"),
-        llm_concurrency: int = typer.Option(32, help="LLM calls in flight"),
-        llm_replay: Path = typer.Option(None, help="serve LLM answers from this recording (offline)"),
-        llm_record: Path = typer.Option(None, help="append every live LLM call to this recording"),
-        cache_dir: Path = typer.Option(None, help="response cache folder [default: OUT/llm_cache]"),
-        no_cache: bool = typer.Option(False, "--no-cache", help="do not cache LLM responses"),
         seed_file: Path = typer.Option(None, help="seed scenarios JSONL [default: the packaged list]"),
         target_count: int = typer.Option(10, help="scenarios to synthesize"),
         tasks_per_scenario: int = typer.Option(10, "--tasks-per-scenario", "-k", help="tasks per scenario"),
@@ -152,6 +107,7 @@ def _full_command(stages: tuple[str, ...]) -> Any:
         gate: bool = typer.Option(True, "--gate/--no-gate", help="acceptance gate with reference solutions"),
         retry_failed: bool = typer.Option(False, help="re-run stages that failed in an earlier run"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar per stage"),
+        **llm_options: Any,
     ) -> None:
         from synth.config import SynthConfig
         from envfarm.llm import LLMClient
@@ -159,9 +115,7 @@ def _full_command(stages: tuple[str, ...]) -> Any:
         from synth.report import render_tables
 
         try:
-            llm_cfg = llm_config(out, llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key,
-                                 stage_model=stage_model, price=price, llm_concurrency=llm_concurrency,
-                                 llm_replay=llm_replay, llm_record=llm_record, cache_dir=cache_dir, no_cache=no_cache)
+            llm_cfg = llm_config(out, **llm_options)
             config = SynthConfig(
                 out_dir=out, seed_file=seed_file, target_count=target_count, tasks_per_scenario=tasks_per_scenario,
                 concurrency=concurrency, max_attempts=max_attempts, embedder=embedder, gate=gate,
@@ -192,22 +146,9 @@ def _full_command(stages: tuple[str, ...]) -> Any:
         if summary.errors:
             raise typer.Exit(1)
 
-    return command
+    return with_llm_options(command, at=1)  # after --out
 
 
-from synth.config import STAGES as _STAGES  # noqa: E402 - after the factory on purpose
-
-for _stage in _STAGES:
-    app.command(_stage, help=_STAGE_HELP[_stage], cls=_StageCommand)(_make_command((_stage,)))
-app.command("all", help=_STAGE_HELP["all"], cls=_StageCommand)(_make_command(_STAGES))
-
-
-from synth.factory.cli import register as _register_factory  # noqa: E402 - needs llm_config above
-
-_register_factory(app)
-
-
-@app.command("report", help="Print Table 1 (per stage) and Table 2 (per env) of a run folder.")
 def report(
     out: Path = typer.Option(Path("synth_out"), "--out", "-o", help="run folder"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
@@ -220,8 +161,6 @@ def report(
     typer.echo(report_json(out) if as_json else render_tables(out))
 
 
-@app.command("guard", help="Wrap each code-mode verifier that has a reference solution so that it "
-             "also fails an episode that changes rows the task never touches (synth/guard.py).")
 def guard(
     catalog: Path = typer.Argument(None, help="catalog folder; default: the bundled catalog"),
     env: list[str] = typer.Option([], "--env", help="only this env, repeatable"),
@@ -240,6 +179,27 @@ def guard(
         typer.echo(f"{name}: {len(guarded)} verifier(s) guarded" + (f" (reads write: {sorted(ignore)})" if ignore else "")
                    + (f"; wrote {', '.join(str(p) for p in where)}" if where else ""))
 
+
+def make_app(agent_loop: AgentLoop | None = None,
+             sft_formats: Mapping[str, SftFormat] | None = None) -> typer.Typer:
+    """``envfarm synth``'s commands. What synth needs of the trainer (synth sits below it) comes
+    in here, from the composition root (``cluster.cli``): ``agent_loop`` turns ``queries``'
+    ``--agent-*`` options into the agent that must solve each written request; ``sft_formats``
+    are ``export``'s SFT formats besides OpenAI's."""
+    app = typer.Typer(help="Synthesize AWM-format environments with any OpenAI-compatible LLM.",
+                      no_args_is_help=True)
+    for stage in STAGES:
+        app.command(stage, help=_STAGE_HELP[stage], cls=_StageCommand)(_make_command((stage,)))
+    app.command("all", help=_STAGE_HELP["all"], cls=_StageCommand)(_make_command(STAGES))
+    factory_cli.register(app, agent_loop=agent_loop, sft_formats=sft_formats)
+    app.command("report", help="Print Table 1 (per stage) and Table 2 (per env) of a run folder.")(report)
+    app.command("guard", help="Wrap each code-mode verifier that has a reference solution so that it also "
+                "fails an episode that changes rows the task never touches (synth/guard.py).")(guard)
+    return app
+
+
+#: synth alone (``python -m synth.cli``): ``queries`` says it needs an agent loop handed in.
+app = make_app()
 
 if __name__ == "__main__":
     app(prog_name="envfarm synth")

@@ -3,8 +3,9 @@
 Each accepted episode becomes what a well-behaved agent would have written on that task: the
 system prompt with the meta-tools, the user's request, a ``list_tools`` call answered with the
 env's tools, one ``call_tool`` per recorded call answered with the recorded result (follow-up
-user messages between the shares of calls they ask for), and the final answer. ``register``
-adds the format to ``envfarm synth export`` (synth sits below the trainer and cannot import it).
+user messages between the shares of calls they ask for), and the final answer. ``FORMATS`` is
+what ``envfarm synth export`` gets of the trainer (synth sits below the trainer and cannot
+import it: the command line hands it in).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from envfarm.models import ToolSpec
 from judge import Message
 from judge.trajectory import LIST_TOOLS
-from synth.factory.export import SFT_FORMATS, turns
+from synth.factory.export import SftFormat, turns
 from synth.factory.model import Episode
 from trainer.format import (
     call_tool_text,
@@ -58,5 +59,5 @@ def qwen3_record(episode: Episode, task: str, tools: list[ToolSpec]) -> dict[str
             "messages": [m.model_dump() for m in msgs], "text": render(msgs, add_generation_prompt=False)}
 
 
-def register() -> None:
-    SFT_FORMATS[FORMAT] = qwen3_record
+#: The trainer's SFT formats, by name.
+FORMATS: dict[str, SftFormat] = {FORMAT: qwen3_record}

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from envfarm.errors import EnvfarmError
+from synth._llm_options import llm_config, with_llm_options
 from synth.factory.candidates import DEFAULT_THRESHOLD
+
+if TYPE_CHECKING:
+    from synth.factory.export import SftFormat
+    from synth.factory.gate import AgentLoop
 
 _CATALOG = typer.Argument(None, help="catalog folder (AWM JSONL files); default: the bundled catalog")
 _OUT = typer.Option(Path("synth_out"), "--out", "-o", help="run folder; writes OUT/factory/ENV/")
@@ -35,7 +41,6 @@ def graph(
     """Tool dependency graph per env: candidate edges (embeddings + names), refined by the LLM (prunes,
     adds missing and logical edges, classifies parameters internal/external)."""
     from envfarm.llm import LLMClient
-    from synth.cli import llm_config
     from synth.factory.run import format_graph_row, graph_catalog
 
     def work() -> list[dict[str, Any]]:
@@ -98,15 +103,16 @@ def queries(
         "each chain's scenario starts from its own database: the sample data with each row no other "
         "row references kept with this probability (1: every chain on the shared sample data)")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
+    *,
+    agent_loop: AgentLoop | None,
     **llm_options: Any,
 ) -> None:
     """Execute each sampled chain, have the LLM write its request, gate it (an agent must solve the
     written request) into OUT/factory/ENV/episodes.jsonl."""
-    from envfarm.errors import SynthesisError
     from envfarm.llm import LLMClient
+    from envfarm.errors import SynthesisError
     from judge import VerifierSandbox  # verifier code runs only in the judge's sandbox
-    from synth.cli import llm_config
-    from synth.factory.gate import AgentEndpoint, endpoint_solver
+    from synth.factory.gate import AgentEndpoint
     from synth.factory.queries import format_queries_row, queries_catalog
 
     def work() -> list[dict[str, Any]]:
@@ -114,8 +120,11 @@ def queries(
         base_url, model = agent_base_url or config.base_url, agent_model or config.model
         if not base_url or not model:
             raise SynthesisError("the agent needs an endpoint: --agent-base-url/--agent-model or the LLM's")
-        solver = endpoint_solver(AgentEndpoint(base_url, model, agent_api_key or config.api_key or "EMPTY",
-                                               agent_max_turns))
+        if agent_loop is None:
+            raise SynthesisError("no agent loop was handed in to solve the written requests: run "
+                                 "`envfarm synth queries` (it hands in the trainer's)")
+        solver = agent_loop(AgentEndpoint(base_url, model, agent_api_key or config.api_key or "EMPTY",
+                                          agent_max_turns))
 
         async def main() -> list[dict[str, Any]]:
             try:
@@ -139,11 +148,14 @@ def export(
     out: Path = _OUT,
     env: list[str] = _ENV,
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
+    *,
+    sft_formats: Mapping[str, SftFormat],
 ) -> None:
     """Accepted episodes as catalog tasks (OUT/factory_catalog/ENV) and SFT JSONL (OUT/factory_sft)."""
     from synth.factory.export import export_catalog, format_export_row
 
-    _print(_usage_errors(lambda: export_catalog(catalog, out, envs=env or None)), as_json, format_export_row)
+    _print(_usage_errors(lambda: export_catalog(catalog, out, envs=env or None, formats=sft_formats)),
+           as_json, format_export_row)
 
 
 def _usage_errors(work: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -182,17 +194,28 @@ def _print(rows: list[dict[str, Any]], as_json: bool, fmt: Any) -> None:
         raise typer.Exit(1)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``graph`` and ``queries`` (with the LLM options of the stage commands), ``chains`` and
-    ``export`` to ``envfarm synth``."""
-    from synth.cli import LLM_OPTIONS, llm_option_parameters
+def _handed(command: Callable[..., Any], **given: Any) -> Callable[..., Any]:
+    """``command`` with ``given`` bound: what the composition root hands in is no option."""
+    bound = functools.partial(command, **given)
+    # Annotations as written, evaluated for the options only: the types of what is handed in are
+    # imported for type checkers alone (synth.factory.gate and .export load the farm).
+    params = [p.replace(annotation=eval(p.annotation, command.__globals__))  # noqa: S307 - our own source
+              if isinstance(p.annotation, str) else p
+              for p in inspect.signature(command).parameters.values() if p.name not in given]
 
-    # Idempotent: ``python -m synth.cli`` runs this once as __main__ and once on import.
-    for command in (graph, queries):
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
-               if p.kind != p.VAR_KEYWORD and p.name not in LLM_OPTIONS]
-        command.__signature__ = inspect.Signature([*own, *llm_option_parameters()])  # type: ignore[attr-defined]
-    app.command("graph")(graph)
+    def handed(**kwargs: Any) -> Any:
+        return bound(**kwargs)
+
+    handed.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    handed.__doc__, handed.__name__ = command.__doc__, command.__name__
+    return handed
+
+
+def register(app: typer.Typer, *, agent_loop: AgentLoop | None = None,
+             sft_formats: Mapping[str, SftFormat] | None = None) -> None:
+    """Add ``graph`` and ``queries`` (with the LLM options of the stage commands), ``chains`` and
+    ``export`` to ``envfarm synth``; ``agent_loop`` and ``sft_formats``: see ``synth.cli.make_app``."""
+    app.command("graph")(with_llm_options(graph))
     app.command("chains")(chains)
-    app.command("queries")(queries)
-    app.command("export")(export)
+    app.command("queries")(with_llm_options(_handed(queries, agent_loop=agent_loop)))
+    app.command("export")(_handed(export, sft_formats=dict(sft_formats or {})))

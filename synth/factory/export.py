@@ -8,15 +8,15 @@ maps each new task index to its chain. ``envfarm serve --catalog`` serves the fo
 
 (b) ``<out>/factory_sft/<format>.jsonl``, one conversation per accepted episode: ``openai``
 (OpenAI's chat fine-tuning format: ``messages`` with ``tool_calls``, ``tools`` as an array of
-functions) always, and every format registered in ``SFT_FORMATS`` (the trainer registers its Qwen3
-text format: synth cannot import the trainer). Exporting some envs replaces their records and
+functions) always, and every format handed to ``export_catalog`` (the command line hands in the
+trainer's Qwen3 text format: synth cannot import the trainer). Exporting some envs replaces their records and
 keeps every other env's, so a second export of the same episodes writes the same files.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ MAP_FILE = "factory_tasks.jsonl"
 
 #: format name -> (episode, task text, the env's tools) -> one JSONL record
 SftFormat = Callable[[Episode, str, list[ToolSpec]], dict[str, Any]]
-SFT_FORMATS: dict[str, SftFormat] = {}
 
 
 def turns(episode: Episode) -> list[tuple[str, list[int]]]:
@@ -145,10 +144,12 @@ def export_env(catalog: Any, name: str, out: Path, episodes: list[Episode]) -> d
 
 
 def export_catalog(catalog_path: Path | None, out: Path, *, envs: list[str] | None = None,
-                   tool_timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Export every env's accepted episodes; one summary row per env."""
+                   tool_timeout_s: float = 10.0, formats: Mapping[str, SftFormat] | None = None
+                   ) -> list[dict[str, Any]]:
+    """Export every env's accepted episodes; one summary row per env. ``formats``: SFT formats
+    besides OpenAI's (the trainer's Qwen3, handed in by the command line)."""
     catalog, names = catalog_envs(catalog_path, envs)
-    formats: dict[str, SftFormat] = {"openai": openai_record, **SFT_FORMATS}
+    formats = {"openai": openai_record, **(formats or {})}
     sft: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     rows = []
     for name in names:

@@ -183,18 +183,6 @@ class AgentEndpoint:
     max_turns: int = 20
 
 
-#: endpoint -> solver; the composition root (``cluster.cli``) registers the trainer's agent loop
-_AGENT_LOOPS: list[Callable[[AgentEndpoint], Solver]] = []
-
-
-def register_agent_loop(make: Callable[[AgentEndpoint], Solver]) -> None:
-    """Set how ``synth queries`` turns ``--agent-*`` options into a solver (idempotent)."""
-    _AGENT_LOOPS[:] = [make]
-
-
-def endpoint_solver(endpoint: AgentEndpoint) -> Solver:
-    """The registered agent loop on ``endpoint``; a typed error when none is registered."""
-    if not _AGENT_LOOPS:
-        raise SynthesisError("no agent loop is registered to solve the written requests: run "
-                             "`envfarm synth queries` (it registers the trainer's)")
-    return _AGENT_LOOPS[0](endpoint)
+#: endpoint -> the agent that solves requests there: the trainer's loop, handed in by the
+#: composition root (``cluster.cli``) through ``synth.cli.make_app``.
+AgentLoop = Callable[[AgentEndpoint], Solver]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judge.trajectory import LIST_TOOLS, Message, parse_turn
-from synth.factory.gate import AgentEndpoint, AgentSolver, register_agent_loop
+from synth.factory.gate import AgentEndpoint, AgentSolver
 from tests.fakes.mock_openai import MockOpenAI, SeenRequest
 from tests.fakes.factory_words import HonestReader, id_param, records, say_step, words
 from trainer.episode import EpisodeConfig, run_episode
@@ -232,16 +232,16 @@ def run_episodes(runtime: Any, chains: list[Any], mock: MockOpenAI, sandbox: Any
 
 
 def trainer_agent_loop(endpoint: AgentEndpoint) -> AgentSolver:
-    """What the composition root registers: the trainer's loop with an OpenAI-compatible policy."""
+    """What the composition root hands to ``synth queries``: the trainer's loop with an
+    OpenAI-compatible policy."""
     policy = OpenAIPolicy(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, max_retries=0)
     return AgentSolver(run_episode, policy, EpisodeConfig(max_turns=endpoint.max_turns, window=None,
                                                           max_tool_chars=1 << 20))
 
 
 def script_world(mock: MockOpenAI, world: ScriptedWorld | None = None) -> ScriptedWorld:
-    """Install a scripted QueryGen + agent on ``mock`` and register the trainer's agent loop for
-    ``synth queries`` (its ``--agent-*`` endpoint defaults to the LLM's: the mock)."""
+    """Install a scripted QueryGen + agent on ``mock``, for ``synth queries`` with
+    ``trainer_agent_loop`` (its ``--agent-*`` endpoint defaults to the LLM's: the mock)."""
     world = world or ScriptedWorld()
     world.install(mock)
-    register_agent_loop(trainer_agent_loop)
     return world

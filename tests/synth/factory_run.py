@@ -39,7 +39,7 @@ def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
 
 
 def script_queries(mock: MockOpenAI) -> None:
-    """A scripted QueryGen and agent on ``mock`` (``tests.fakes.factory_agent``), registered for the CLI."""
+    """A scripted QueryGen and agent on ``mock`` (``tests.fakes.factory_agent``), for the CLI."""
     from tests.fakes.factory_agent import script_world
 
     script_world(mock)

@@ -103,7 +103,7 @@ def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_ope
 
 
 def test_cli_queries_on_a_bundled_env_and_report(tmp_path, mock_openai) -> None:
-    from synth.cli import app
+    from tests.synth.factory_cli import app
 
     chains = prepare_run(tmp_path, n=8)
     with (factory_dir(tmp_path, ENV) / "chains.jsonl").open("a") as fh:
