@@ -136,8 +136,8 @@ def rollout(
     from envfarm import load_catalog
     from envfarm.client import Farm
     from trainer.episode import EpisodeConfig
-    from trainer.policy import OpenAIPolicy, ScriptedPolicy
-    from trainer.rollout import run_rollouts, scores
+    from trainer.policy import OpenAIPolicy
+    from trainer.rollout import run_rollouts
 
     cat = load_catalog(catalog)
     names = [e.strip() for e in envs.split(",") if e.strip()] if envs else cat.servable
@@ -146,17 +146,8 @@ def rollout(
             if wanted is None or idx in wanted] * repeat
     if not jobs:
         raise typer.BadParameter("no task with a code-mode verifier among the chosen envs/tasks")
-    if scripted:
-        policy = ScriptedPolicy.from_catalog(cat)
-    elif hf_model:
-        from trainer.hf import HFPolicy
-
-        policy = HFPolicy.from_path(hf_model, max_new_tokens=max_tokens, temperature=temperature)
-    elif base_url and model:
-        policy = OpenAIPolicy(base_url, model, api_key=api_key, temperature=temperature,
-                              max_tokens=max_tokens)
-    else:
-        raise typer.BadParameter("give --base-url and --model, --hf-model, or --scripted")
+    policy = _policy(cat, scripted=scripted, hf_model=hf_model, base_url=base_url, model=model,
+                     api_key=api_key, temperature=temperature, max_tokens=max_tokens)
     if tool_listing not in ("full", "compact", "names"):
         raise typer.BadParameter("--tool-listing is full, compact or names")
     config = EpisodeConfig(max_turns=max_turns, window=window, tool_listing=tool_listing,
@@ -178,6 +169,31 @@ def rollout(
     with farm_url(farm, str(catalog) if catalog else None, [cat[n].name for n in names],
                   warm=min(64, concurrency)) as url:
         results = asyncio.run(go(url))
+    _print_scores(results)
+    console.print(f"trajectories + rewards: {out}")
+
+
+def _policy(cat, *, scripted: bool, hf_model: Path | None, base_url: str | None, model: str,
+            api_key: str, temperature: float, max_tokens: int):
+    """The policy ``envfarm rollout``'s options name: replayed references, a local HF
+    checkpoint, or an OpenAI-compatible endpoint."""
+    from trainer.policy import OpenAIPolicy, ScriptedPolicy
+
+    if scripted:
+        return ScriptedPolicy.from_catalog(cat)
+    if hf_model:
+        from trainer.hf import HFPolicy
+
+        return HFPolicy.from_path(hf_model, max_new_tokens=max_tokens, temperature=temperature)
+    if base_url and model:
+        return OpenAIPolicy(base_url, model, api_key=api_key, temperature=temperature,
+                            max_tokens=max_tokens)
+    raise typer.BadParameter("give --base-url and --model, --hf-model, or --scripted")
+
+
+def _print_scores(results) -> None:
+    from trainer.rollout import scores
+
     table = Table("env", "episodes", "valid", "success rate", "mean reward", "format errors")
     for name, s in sorted(scores(results).items(), key=lambda kv: kv[0] == "overall"):
         table.add_row(name, str(s.episodes), str(s.valid),
@@ -185,4 +201,3 @@ def rollout(
                       "-" if s.reward_mean is None else f"{s.reward_mean:.3f}",
                       str(s.format_errors))
     console.print(table)
-    console.print(f"trajectories + rewards: {out}")

@@ -205,10 +205,54 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
         _write_verifiers(ctx, sh.name, idx, task, verifier)
         ctx.record(Meter().report(stage="gate", scenario=sh.name, task_idx=idx, ok=True, details={"skipped": True}))
         return True
-    gmeter, dmeter = Meter(), Meter()
-    reasons: list[str] = []
-    data_errors: list[str] = []
-    data_tries = 0
+    return await _gate(ctx, sh, idx, task, verifier)
+
+
+@dataclass
+class _GateLog:
+    """What one task's acceptance gate reports: its LLM use, why attempts failed, data repairs."""
+
+    gmeter: Meter = field(default_factory=Meter)
+    dmeter: Meter = field(default_factory=Meter)
+    reasons: list[str] = field(default_factory=list)
+    data_errors: list[str] = field(default_factory=list)
+    data_tries: int = 0
+
+    def passed(self, ctx: RunContext, sh: _Shared, idx: int, attempt: int, solution: Solution,
+               check: GateCheck) -> None:
+        details: dict[str, Any] = {"solvable": True, "discriminates": True, "sql_usable": True,
+                                   "solution_calls": len(solution.calls),
+                                   "final_answer": solution.final_answer is not None}
+        # An interrupted run may have committed this task's rows and died before reporting them.
+        commit = check.data_commit or next((p for p in reversed(patches(ctx, sh.name)) if p["task_idx"] == idx), None)
+        if self.data_tries or commit:
+            commit = commit or {}
+            details["data_rows_added"] = commit.get("rows", 0)
+            ctx.record(self.dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=bool(commit),
+                                          attempts=self.data_tries, errors=self.data_errors,
+                                          details={"rows_added": commit.get("rows", 0), "seq": commit.get("seq"),
+                                                   "rechecked_tasks": commit.get("rechecked", [])}))
+        ctx.record(self.gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=True, attempts=attempt,
+                                      errors=self.reasons, details=details))
+
+    def dropped(self, ctx: RunContext, sh: _Shared, idx: int, check: GateCheck) -> None:
+        if self.data_tries:
+            ctx.record(self.dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=False,
+                                          attempts=self.data_tries,
+                                          errors=self.data_errors or ["the rows did not make the task solvable"],
+                                          details={"rows_added": 0}))
+        ctx.record(self.gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=False,
+                                      attempts=ctx.config.gate_attempts, errors=self.reasons or ["gate budget spent"],
+                                      details={"solvable": check.solvable,
+                                               "discriminates": check.discriminates if check.evaluated else None,
+                                               "sql_usable": check.sql_ok if check.evaluated else None,
+                                               "dropped": True}))
+
+
+async def _gate(ctx: RunContext, sh: _Shared, idx: int, task: str, verifier: dict[str, Any]) -> bool:
+    """The acceptance gate of one task: a reference solution must pass ``verifier`` and a no-op
+    must not; each failure is summarized and repaired (the solution, the verifier or the data)."""
+    cfg, log = ctx.config, _GateLog()
     sol_feedback: str | None = None
     check = GateCheck()
     solution: Solution | None = None
@@ -218,38 +262,25 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
             messages = prompts.solution_messages(sh.name, task, sh.tools, sh.excerpt(extra))
             if sol_feedback:
                 messages = [*messages, {"role": "user", "content": sol_feedback}]
-            text = await ctx.chat(gmeter, messages, stage="gate", scenario=sh.name, temperature=cfg.fix_temperature)
+            text = await ctx.chat(log.gmeter, messages, stage="gate", scenario=sh.name, temperature=cfg.fix_temperature)
             try:
                 solution = _parse_solution(text)
             except ParseError as exc:
-                reasons.append(f"attempt {attempt}: unusable solution: {exc}")
+                log.reasons.append(f"attempt {attempt}: unusable solution: {exc}")
                 sol_feedback = prompts.retry_message("solution", attempt, f"- {exc}")
                 continue
         check = await _gate_check(ctx, sh, idx, task, verifier, solution, extra)
         if check.ok:
-            details: dict[str, Any] = {"solvable": True, "discriminates": True, "sql_usable": True,
-                                       "solution_calls": len(solution.calls),
-                                       "final_answer": solution.final_answer is not None}
-            # An interrupted run may have committed this task's rows and died before reporting them.
-            commit = check.data_commit or next((p for p in reversed(patches(ctx, sh.name)) if p["task_idx"] == idx), None)
-            if data_tries or commit:
-                commit = commit or {}
-                details["data_rows_added"] = commit.get("rows", 0)
-                ctx.record(dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=bool(commit),
-                                         attempts=data_tries, errors=data_errors,
-                                         details={"rows_added": commit.get("rows", 0), "seq": commit.get("seq"),
-                                                  "rechecked_tasks": commit.get("rechecked", [])}))
-            ctx.record(gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=True, attempts=attempt,
-                                     errors=reasons, details=details))
+            log.passed(ctx, sh, idx, attempt, solution, check)
             return True
-        reasons.append(f"attempt {attempt}: {check.reason}")
+        log.reasons.append(f"attempt {attempt}: {check.reason}")
         if check.data_rejected:
-            data_errors.append(f"attempt {attempt}: {check.reason}")
+            log.data_errors.append(f"attempt {attempt}: {check.reason}")
             extra = None
         if attempt == cfg.gate_attempts:
             break  # no repair left to inform
         summary = await summarize(
-            ctx, gmeter, stage="gate", scenario=sh.name, errors=[check.reason],
+            ctx, log.gmeter, stage="gate", scenario=sh.name, errors=[check.reason],
             excerpt=f"Verifier (code mode):\n{verifier['code']}\n\nVerifier (sql mode):\n{verifier['sql']}\n\n"
                     f"Reference solution:\n{json.dumps(solution.record(sh.name, idx))}",
             extra=f"Task: {task}\nTool call log: {json.dumps(check.calls)[:3000]}",
@@ -259,32 +290,23 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
             target = "verifier"  # only a verifier is at fault
         feedback = prompts.format_summary(summary) + f"\n\nWhat happened: {check.reason}"
         if target == "data":
-            rows = await _gen_rows(ctx, dmeter, sh, task, feedback, extra)
-            data_tries += rows.attempts
-            data_errors += [f"attempt {attempt}: rows rejected: {'; '.join(e[:3])}" for e in rows.history if e]
+            rows = await _gen_rows(ctx, log.dmeter, sh, task, feedback, extra)
+            log.data_tries += rows.attempts
+            log.data_errors += [f"attempt {attempt}: rows rejected: {'; '.join(e[:3])}" for e in rows.history if e]
             if rows.accepted:
                 extra = rows.best.value  # re-check the same solution on the new rows next
                 continue
             why = "; ".join(rows.last_errors[:3]) or "no usable rows"
-            reasons.append(f"attempt {attempt}: data repair rejected: {why}")
+            log.reasons.append(f"attempt {attempt}: data repair rejected: {why}")
             solution, sol_feedback = None, prompts.retry_message("solution", attempt, feedback)
         elif target == "verifier" and not check.calls_failed:
-            vfix = await _gen_verifier(ctx, gmeter, sh, idx, task, feedback=feedback)
+            vfix = await _gen_verifier(ctx, log.gmeter, sh, idx, task, feedback=feedback)
             if vfix.accepted:
                 verifier = vfix.best.value
             solution, sol_feedback = None, None
         else:
             solution, sol_feedback = None, prompts.retry_message("solution", attempt, feedback)
-    if data_tries:
-        ctx.record(dmeter.report(stage="data_repair", scenario=sh.name, task_idx=idx, ok=False, attempts=data_tries,
-                                 errors=data_errors or ["the rows did not make the task solvable"],
-                                 details={"rows_added": 0}))
-    ctx.record(gmeter.report(stage="gate", scenario=sh.name, task_idx=idx, ok=False, attempts=cfg.gate_attempts,
-                             errors=reasons or ["gate budget spent"],
-                             details={"solvable": check.solvable,
-                                      "discriminates": check.discriminates if check.evaluated else None,
-                                      "sql_usable": check.sql_ok if check.evaluated else None,
-                                      "dropped": True}))
+    log.dropped(ctx, sh, idx, check)
     return False
 
 
