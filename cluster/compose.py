@@ -19,7 +19,7 @@ from envfarm.verdict import RewardConfig
 
 __all__ = [
     "LocalFarm",
-    "code_judge",
+    "code_judge_for",
     "compose_core",
     "judge_for",
 ]
@@ -29,7 +29,7 @@ __all__ = [
 _LLM_CONCURRENCY = 256
 
 
-def code_judge(config: FarmConfig) -> VerifierFactory:
+def code_judge_for(config: FarmConfig) -> VerifierFactory:
     """The judge in code-only mode (verifier code in its sandbox, no LLM), sized by ``config``."""
 
     def make() -> object:
@@ -44,14 +44,14 @@ def code_judge(config: FarmConfig) -> VerifierFactory:
 
 
 def judge_for(config: FarmConfig, reward: RewardConfig | None = None) -> VerifierFactory:
-    """The judge on the farm's reward path: ``code`` (:func:`code_judge`) or ``llm`` (the
+    """The judge on the farm's reward path: ``code`` (:func:`code_judge_for`) or ``llm`` (the
     paper's: the task's sql-mode verifier output and the episode's trajectory, sent with
     ``verify``, go to an LLM judge over any OpenAI-compatible endpoint; a task without an
     sql-mode verifier falls back to its code-mode one). ``reward`` defaults to
     ``RewardConfig.from_env()`` (``ENVFARM_REWARD_PATH``, ``ENVFARM_JUDGE_BASE_URL`` ...)."""
     reward = reward or RewardConfig.from_env()
     if reward.path == "code":
-        return code_judge(config)
+        return code_judge_for(config)
     llm = LLMConfig.from_env(max_concurrency=_LLM_CONCURRENCY, **reward.llm_overrides())
     if not llm.base_url:  # say so at start-up, not at the first verification
         raise JudgeError("the llm reward path needs the judge's OpenAI-compatible endpoint: "

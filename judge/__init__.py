@@ -17,7 +17,7 @@ from judge.core import (
     code_only_verdict,
 )
 from judge.format_rules import FormatChecker, FormatReport, FormatRule, check_format
-from judge.llm_judge import AnswerParseError, LLMJudge, LLMVerdict, parse_answer
+from judge.llm_judge import AnswerParseError, LLMJudge, LLMVerdict, parse_llm_verdict
 from judge.sandbox import (
     SandboxConfig,
     VerifierErrorKind,
@@ -53,7 +53,7 @@ __all__ = [
     "check_format",
     "code_only_verdict",
     "detect",
-    "parse_answer",
+    "parse_llm_verdict",
     "parse_raw_response",
     "reward_for",
 ]

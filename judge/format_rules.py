@@ -25,7 +25,7 @@ from envfarm.verdict import Outcome, Verdict
 from judge.trajectory import (
     CALL_TOOL,
     LIST_TOOLS,
-    ToolCall,
+    MetaToolCall,
     ToolSchema,
     Trajectory,
     listed_tools,
@@ -102,7 +102,7 @@ class FormatChecker:
         self.list_tools_calls = 0
         self.any_call = False
         self.successes = 0
-        self.pending: list[ToolCall] = []
+        self.pending: list[MetaToolCall] = []
         self.violation: FormatReport | None = None  # the first one; later messages are not read
 
     def add(self, msg: Any) -> None:
@@ -161,7 +161,7 @@ class FormatChecker:
             self.any_call = True
             self.pending.append(call)
 
-    def _call_tool(self, call: ToolCall) -> None:
+    def _call_tool(self, call: MetaToolCall) -> None:
         name = call.arguments.get("tool_name")
         if not isinstance(name, str) or not name:
             raise _Violation(FormatRule.valid_arguments, "call_tool needs a string 'tool_name'")

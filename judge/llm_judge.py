@@ -164,7 +164,7 @@ class AnswerParseError(ValueError):
     """The judge model's answer is not the JSON object asked for."""
 
 
-def parse_answer(text: str) -> LLMVerdict:
+def parse_llm_verdict(text: str) -> LLMVerdict:
     """Strictly parse a judge answer: one JSON object (code fences tolerated)."""
     body = text.strip()
     fence = re.match(r"^```(?:json)?\s*(.*?)\s*```$", body, re.DOTALL)
@@ -301,7 +301,7 @@ class LLMJudge:
                                   details={"judge": "llm", "verifier": verifier.result,
                                            "attempts": errors})
             try:
-                answer = parse_answer(res.text)
+                answer = parse_llm_verdict(res.text)
             except AnswerParseError as exc:
                 errors.append(str(exc))
                 messages = [*messages, {"role": "assistant", "content": res.text},

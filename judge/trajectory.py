@@ -73,8 +73,9 @@ class Trajectory(BaseModel):
         return None
 
 
-class ToolCall(BaseModel):
-    """One ``<tool_call>`` block, parsed."""
+class MetaToolCall(BaseModel):
+    """One ``<tool_call>`` block, parsed: the agent's call of a meta-tool (``list_tools`` or
+    ``call_tool``); the env tool that ``call_tool`` names is called as ``envfarm.models.ToolCall``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -88,7 +89,7 @@ class Turn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     think: str | None = Field(description="the <think> content; None when there is none")
-    calls: list[ToolCall] = Field(description="parsed tool calls")
+    calls: list[MetaToolCall] = Field(description="parsed tool calls")
     malformed: list[str] = Field(description="why each unparseable <tool_call> failed")
     text: str = Field(description="what is left: the answer of a final turn")
 
@@ -105,7 +106,7 @@ def parse_turn(msg: Message) -> Turn:
     rest = _THINK.sub("", content)
     if "</think>" in rest:
         rest = rest.split("</think>", 1)[1]
-    calls: list[ToolCall] = []
+    calls: list[MetaToolCall] = []
     malformed: list[str] = []
     for block in _TOOL_CALL.findall(rest):
         try:
@@ -126,7 +127,7 @@ def parse_turn(msg: Message) -> Turn:
         if not isinstance(args, dict):
             malformed.append(f"arguments of {data['name']} must be a JSON object")
             continue
-        calls.append(ToolCall(name=data["name"], arguments=args))
+        calls.append(MetaToolCall(name=data["name"], arguments=args))
     if "<tool_call>" in rest and rest.count("<tool_call>") != rest.count("</tool_call>"):
         malformed.append("unterminated <tool_call>")
     text = _TOOL_CALL.sub("", rest).replace("<tool_call>", "").strip()

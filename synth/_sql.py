@@ -50,8 +50,9 @@ def run_ddl(tables: list[dict[str, Any]]) -> DDLRun:
 
 
 @dataclass
-class InsertRun:
-    """Which INSERTs ran (in foreign-key order, ``PRAGMA foreign_keys=ON``) and which failed."""
+class SampleRun:
+    """What the sample stage's INSERTs did against their schema: which ran (in foreign-key order,
+    ``PRAGMA foreign_keys=ON``) and which failed (``envfarm``'s ``InsertRun`` by statement)."""
 
     kept: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -64,12 +65,12 @@ class InsertRun:
         return self.failed / self.total if self.total else 1.0
 
 
-def run_inserts(db_tables: list[dict[str, Any]], sample_tables: list[dict[str, Any]]) -> InsertRun:
+def run_inserts(db_tables: list[dict[str, Any]], sample_tables: list[dict[str, Any]]) -> SampleRun:
     """Execute every INSERT against the schema; keep the ones that succeed, report the rest."""
     schema = DBSchema.model_validate({"tables": db_tables})
     conn = sqlite3.connect(":memory:")
     conn.deserialize(build_template(schema, None).data)
-    run = InsertRun()
+    run = SampleRun()
     done = execute_inserts(conn, [(t["table_name"], t.get("insert_statements", []))
                                   for t in sample_tables])
     ok = done.ok

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any
 
 from judge import Message
-from judge.trajectory import CALL_TOOL, LIST_TOOLS, ToolCall, parse_turn
+from judge.trajectory import CALL_TOOL, LIST_TOOLS, MetaToolCall, parse_turn
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -106,7 +106,7 @@ class AssistantTurn:
     """One assistant turn, read with the judge's parser."""
 
     kind: TurnKind
-    call: ToolCall | None
+    call: MetaToolCall | None
     text: str
     problem: str = ""
 

@@ -11,7 +11,7 @@ import pytest
 
 from envfarm.llm import LLMClient, LLMConfig
 from envfarm.models import Criteria
-from judge import Judge, JudgeConfig, Outcome, VerifierResult, parse_answer
+from judge import Judge, JudgeConfig, Outcome, VerifierResult, parse_llm_verdict
 from judge.fit import dumps, fit_json
 from judge.llm_judge import SYSTEM_PROMPT, build_messages
 from tests.fakes.mock_openai import MockOpenAI
@@ -169,5 +169,5 @@ def test_decisive_field_survives_into_the_prompt():
      "Completed", 0.9),
 ])
 def test_answers_in_the_papers_and_awms_shapes(text, classification, confidence):
-    answer = parse_answer(text)
+    answer = parse_llm_verdict(text)
     assert answer.classification == classification and answer.confidence == confidence

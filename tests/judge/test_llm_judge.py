@@ -17,7 +17,7 @@ from judge import (
     JudgeRequest,
     Outcome,
     VerifierCode,
-    parse_answer,
+    parse_llm_verdict,
 )
 from tests.fakes.mock_openai import MockOpenAI, Reply
 
@@ -152,11 +152,11 @@ async def test_unparseable_twice_is_a_judge_error(llm_judge, mock, awm_cases):
 
 
 def test_parse_answer_is_strict():
-    assert parse_answer(answer("Completed")).classification == "Completed"
+    assert parse_llm_verdict(answer("Completed")).classification == "Completed"
     for bad in ["", "[1]", '{"classification": "Completed"}',
                 answer("Completed", confidence=1.5), answer("Maybe")]:
         with pytest.raises(AnswerParseError):
-            parse_answer(bad)
+            parse_llm_verdict(bad)
 
 
 # -- what never reaches the LLM -------------------------------------------------------------
