@@ -26,8 +26,10 @@ boundary when they are beaten:
    and reading other database files), extension loading and unlisted pragmas; its class refuses
    the methods that would lift those (``set_authorizer``, ``setlimit``, ...).
 
-Wire format on the pipes: 4-byte big-endian length, then a UTF-8 JSON object. Control messages
-are one JSON object per datagram.
+Wire format on the pipes: the request, from the front, is two 4-byte big-endian lengths, then
+its fields and the verifier's bytecode, each marshalled (the front compiled the code: compiling
+runs nothing); the reply is a 4-byte length, then a UTF-8 JSON object (nothing from a child is
+unmarshalled). Control messages are one JSON object per datagram.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import os
 import select
 import signal
 import socket
+import sqlite3
+import struct
 import sys
 import time
 import types
@@ -95,9 +99,11 @@ def _read_exact(fd: int, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(fd: int) -> dict:
-    size = int.from_bytes(_read_exact(fd, 4), "big")
-    return json.loads(_read_exact(fd, size))
+def _recv(fd: int) -> tuple[dict, types.CodeType]:
+    """The request (marshalled by the front: its fields, then the verifier's bytecode)."""
+    size, code_size = struct.unpack("!II", _read_exact(fd, 8))
+    data = _read_exact(fd, size + code_size)
+    return marshal.loads(data[:size]), marshal.loads(data[size:])
 
 
 def _send(fd: int, msg: dict) -> None:
@@ -115,6 +121,7 @@ class _CallState:
         self.violations: list[str] = []
         self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
         self.opening = False  # inside _LockedConnection.__init__
+        self.reseeded = False  # random, seeded in the zygote, reseeded once for this child
 
     def violate(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -160,12 +167,32 @@ def _make_hook(state: _CallState, read_roots: tuple[str, ...]):
     return hook
 
 
-def _safe_builtins(state: _CallState) -> dict:
+def _private_copies(state: _CallState) -> dict[int, types.ModuleType]:
+    """A copy of each allowed module, made once in the zygote, so each child starts with a
+    pristine one and imports cost no copying (a copy per import touched, and so copied from
+    the zygote, every page its module's names live on)."""
+    import sqlite3
+
+    copies = {id(sys.modules[name]): _private_copy(sys.modules[name])
+              for name in sorted(ALLOWED_IMPORTS - {"sqlite3"})}
+    copies[id(sqlite3)] = _sqlite_shim(state)  # also what any sqlite3.* import gives
+    return copies
+
+
+def _private_copy(module: types.ModuleType) -> types.ModuleType:
+    # `json.dumps = None` in a verifier must not break the harness, which uses json after it.
+    clone = types.ModuleType(module.__name__)
+    clone.__dict__.update(module.__dict__)
+    return clone
+
+
+def _safe_builtins(state: _CallState, copies: dict[int, types.ModuleType]) -> dict:
     safe = dict(builtins.__dict__)
     for name in ("open", "exec", "eval", "compile", "input", "breakpoint", "help", "exit",
                  "quit", "copyright", "credits", "license", "__loader__", "__spec__"):
         safe.pop(name, None)
     real_import = builtins.__import__
+    sqlite_id, random = id(sys.modules["sqlite3"]), sys.modules["random"]
 
     def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         top = name.split(".")[0]
@@ -173,12 +200,13 @@ def _safe_builtins(state: _CallState) -> dict:
             state.violations.append(f"forbidden import {name}")
             raise ImportError(f"forbidden import {name}")
         module = real_import(name, globals, locals, fromlist, level)
-        if top == "sqlite3":
-            return _sqlite_shim(state)
-        # A private copy: `json.dumps = None` in one verifier must not break the next one.
-        clone = types.ModuleType(module.__name__)
-        clone.__dict__.update(module.__dict__)
-        return clone
+        if top in ("random", "statistics") and not state.reseeded:
+            state.reseeded = True
+            random.seed()  # the zygote's seed, till now (see _preload)
+        copy = copies.get(sqlite_id if top == "sqlite3" else id(module))
+        if copy is None:  # a submodule (`from collections import abc`): copied now
+            copy = copies[id(module)] = _private_copy(module)
+        return copy
 
     def quiet_print(*args, **kwargs):  # verifier output would corrupt nothing, but is noise
         return None
@@ -189,15 +217,16 @@ def _safe_builtins(state: _CallState) -> dict:
 
 
 def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
-    import sqlite3
-
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+    if action in _ATTACH_DETACH:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() not in _ALLOWED_PRAGMAS:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK
+
+
+_ATTACH_DETACH = (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH)
 
 
 def _harden(conn) -> None:
@@ -234,9 +263,11 @@ def _locked_connection_class(state: _CallState) -> type:
                 {"__init__": __init__, **{n: refuse(n) for n in names}})
 
 
+# Made once in the zygote (see _confine), used by each child.
 _LockedConnection: type | None = None
 _STATE: _CallState | None = None
 _BUILTINS: dict | None = None
+_HOOK = None
 
 
 def _sqlite_shim(state: _CallState) -> types.ModuleType:
@@ -324,14 +355,13 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
     prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd), cpu_s=cpu_s)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
-    req = _recv(req_fd)
+    # Loaded before the hook, which refuses marshal to the verifier; the front compiled the
+    # verifier (once per distinct code).
+    req, compiled = _recv(req_fd)
     os.close(req_fd)
     # The staging folder holds other verifications' databases: from here, only this one's two.
     jail.restrict_reads([*config["roots"], req["initial"], req["final"]])
-    # The front compiled it (once per verifier); loading it comes before the hook, which
-    # refuses marshal to the verifier.
-    compiled = marshal.loads(base64.b64decode(req["bytecode"]))
-    sys.addaudithook(_make_hook(_STATE, config["read_roots"]))
+    sys.addaudithook(_HOOK)
     try:
         reply = _run_one(req, compiled, _STATE, _BUILTINS, int(config["max_result_bytes"]))
     except MemoryError:  # e.g. serializing a huge result
@@ -341,41 +371,82 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
     _send(rep_fd, reply)
 
 
-def _zygote(config: dict) -> None:
-    sys.path[:0] = config["sys_path"]  # only so envfarm.jail and pyseccomp load
-    from envfarm import jail
+def zygote_policy(jail, config: dict):
+    """The zygote's jail: it may fork, nothing else; reads the staging folder too."""
+    strict = not config["allow_unconfined"]
+    return jail.JailPolicy(
+        read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
+        processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
+        require_seccomp=strict, uid=jail.uid_from_config(config))
 
-    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
-    for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
-        __import__(name)
+
+def child_policy(jail):
+    """The layer each child adds: no processes, threads or signals; a process group (not a
+    session: cheaper) of its own."""
+    return jail.JailPolicy(memory_mb=None, threads=False, processes=False, new_session=False,
+                           min_landlock_abi=0, require_seccomp=False)
+
+
+def seccomp_filters(jail, config: dict) -> dict[str, str]:
+    """Both seccomp programs, compiled by the front: the zygote never loads libseccomp (nor
+    what pyseccomp imports: ``threading`` adds an after-fork hook to every child)."""
+    return {"zygote": base64.b64encode(jail.seccomp_filter(zygote_policy(jail, config))).decode(),
+            "child": base64.b64encode(jail.seccomp_filter(child_policy(jail), stacked=True)
+                                      ).decode()}
+
+
+def _preload() -> None:
+    """Import what verifiers may use, once, here: a child importing it would pay each time."""
+    # random reseeds itself in every child after a fork (~0.1 ms, ~40 page faults each): not
+    # here; a child reseeds it only when its verifier imports it (see _safe_builtins).
+    register, os.register_at_fork = os.register_at_fork, lambda **_: None
+    try:
+        for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
+            __import__(name)
+    finally:
+        os.register_at_fork = register
     time.strptime("2024-01-01", "%Y-%m-%d")  # warms _strptime's lazy state
     "x".encode("latin-1").decode("ascii")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    strict = not config["allow_unconfined"]
+
+
+def _confine(jail, config: dict, ctl: socket.socket):
+    """Enter the zygote's jail and make its children's; None (reported) if it cannot."""
+    filters = {k: base64.b64decode(v) for k, v in (config.get("seccomp") or {}).items()}
     try:
         # Everything is loaded: started as root, it switches to a uid of its own in there, and
         # from then on nothing can read (or change) what only root may.
-        have = jail.enter(jail.JailPolicy(
-            read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
-            processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
-            require_seccomp=strict, uid=jail.uid_from_config(config)),
-            keep_fds=(0, 1, 2, ctl.fileno()))
+        have = jail.enter(zygote_policy(jail, config), keep_fds=(0, 1, 2, ctl.fileno()),
+                          compiled=filters.get("zygote"))
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
-        return
+        return None
     config["roots"] = jail.readable_roots()  # without the staging folder
     config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
-    # Made once here, for every child: the layer each one enters (no processes, threads or
-    # signals), the call state, builtins and sqlite3 connection class a verifier gets. The
-    # zygote never runs a verifier, so each child starts from a pristine copy.
-    prepared = jail.prepare(jail.JailPolicy(
-        memory_mb=None, threads=False, processes=False, new_session=False,
-        min_landlock_abi=0, require_seccomp=False))
-    global _STATE, _BUILTINS, _LockedConnection
+    # Made once here, for every child: the layer each one enters, the call state, builtins
+    # and sqlite3 connection class a verifier gets. The zygote never runs a verifier, so
+    # each child starts from a pristine copy.
+    prepared = jail.prepare(child_policy(jail), compiled=filters.get("child"))
+    global _STATE, _BUILTINS, _LockedConnection, _HOOK
     _STATE = _CallState()
     _LockedConnection = _locked_connection_class(_STATE)
-    _BUILTINS = _safe_builtins(_STATE)
+    _BUILTINS = _safe_builtins(_STATE, _private_copies(_STATE))
+    _HOOK = _make_hook(_STATE, config["read_roots"])
+    return have, prepared
+
+
+def _zygote(config: dict) -> None:
+    sys.path[:0] = config["sys_path"]  # only so envfarm.jail loads
+    from envfarm import jail
+
+    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
+    _preload()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    confined = _confine(jail, config, ctl)
+    if confined is None:
+        return
+    have, prepared = confined
     gc.freeze()  # what is loaded now stays out of every collection, in here and in children
+    gc.disable()  # and none runs here: it would write to (and so copy) pages children share
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

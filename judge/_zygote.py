@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import envfarm
 import envfarm.jail
 from envfarm.pipes import wait_readable
+from judge import _sandbox_worker
 
 if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
@@ -63,12 +64,18 @@ def _can_unshare_net() -> bool:
         return False
 
 
-def _import_roots() -> list[str]:
-    """Where the zygote finds ``envfarm.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
-    import pyseccomp
+def _import_root() -> str:
+    """Where the zygote finds ``envfarm.jail`` (it runs with ``-I -S``)."""
+    return str(Path(envfarm.__file__).resolve().parents[1])
 
-    return sorted({str(Path(envfarm.__file__).resolve().parents[1]),
-                   str(Path(pyseccomp.__file__).resolve().parent)})
+
+@functools.lru_cache(maxsize=8)
+def _seccomp_filters(allow_unconfined: bool) -> dict[str, str]:
+    """The zygote's and its children's seccomp programs (compiled here: see the worker)."""
+    if not envfarm.jail.support().seccomp:
+        return {}
+    config = {"allow_unconfined": allow_unconfined, "stage_dir": "/", "memory_mb": None}
+    return _sandbox_worker.seccomp_filters(envfarm.jail, config)
 
 
 class Job:
@@ -105,9 +112,10 @@ class Zygote:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         identity = envfarm.jail.worker_identity().config() if config.drop_privileges else {}
         zconf = json.dumps({
-            "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
+            "ctl_fd": theirs.fileno(), "sys_path": [_import_root()], "stage_dir": stage_dir,
             "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "allow_unconfined": config.allow_unconfined, **identity})
+            "allow_unconfined": config.allow_unconfined,
+            "seccomp": _seccomp_filters(config.allow_unconfined), **identity})
         cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]

@@ -25,8 +25,8 @@ from envfarm.jail import _identity, _imports, _landlock, _process, _seccomp
 from envfarm.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
 __all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "WorkerIdentity", "enter",
-           "prepare", "readable_roots", "restrict_reads", "support", "switch_identity",
-           "uid_from_config", "worker_identity"]
+           "prepare", "readable_roots", "restrict_reads", "seccomp_filter", "support",
+           "switch_identity", "uid_from_config", "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -110,10 +110,9 @@ _ENTERED_ROOTS: list[str] | None = None  # set by the first enter(); a fork inhe
 def _single_threaded() -> bool:
     try:
         return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        import threading
-
-        return threading.active_count() == 1
+    except OSError:  # /proc out of reach (a jailed zygote's child): ask threading, if loaded
+        threading = sys.modules.get("threading")
+        return threading is None or threading.active_count() == 1
 
 
 def _check(policy: JailPolicy) -> JailSupport:
@@ -182,14 +181,26 @@ def _ruleset(roots: list[str], have: JailSupport) -> int | None:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
 
 
-def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSupport:
+def seccomp_filter(policy: JailPolicy, pid: int | None = None, *, stacked: bool = False) -> bytes:
+    """The seccomp program of ``policy``, compiled here for a process that should not load
+    libseccomp itself (a verifier zygote), to pass to its ``enter`` or ``prepare``. ``pid``: the
+    one process it may signal (None: none); ``stacked``: a layer over an earlier one (what
+    ``prepare`` makes in a jailed zygote for its children)."""
+    return _seccomp.program(pid, policy.threads, policy.processes, first=not stacked)
+
+
+def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2),
+          compiled: bytes | None = None) -> JailSupport:
     """Confine this process, irreversibly; see the module docstring. Raises ``JailError``
-    before changing anything when the kernel lacks a layer the policy needs."""
+    before changing anything when the kernel lacks a layer the policy needs. ``compiled``:
+    the policy's ``seccomp_filter``, made elsewhere."""
     global _ENTERED_ROOTS
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    bpf = _seccomp.program(os.getpid(), policy.threads, policy.processes,
-                           first=_ENTERED_ROOTS is None) if have.seccomp else None
+    bpf = None
+    if have.seccomp:
+        bpf = compiled if compiled is not None else _seccomp.program(
+            os.getpid(), policy.threads, policy.processes, first=_ENTERED_ROOTS is None)
     # Made before the uid switch: the unprivileged uid may not reach every root to name it.
     ruleset = _ruleset(roots, have)
     kept = (*keep_fds, *_pin_imports(policy), *([ruleset] if ruleset is not None else []))
@@ -221,17 +232,24 @@ class PreparedJail:
     roots: list[str]
     ruleset_fd: int | None
     bpf: bytes | None
+    #: Prepared in a jailed process (no uid to switch): see ``enter``.
+    stacked: bool = False
+    filter: _seccomp.Filter | None = None
 
     def enter(self, keep_fds: Sequence[int] = (0, 1, 2),
               cpu_s: float | None = None) -> JailSupport:
-        """Confine this (forked) process; as ``enter``, irreversible. ``cpu_s``: this child's
-        CPU limit, instead of the policy's."""
+        """Confine this process, forked from the one that prepared it (so it has one thread);
+        as ``enter``, irreversible. ``cpu_s``: this child's CPU limit, instead of the policy's.
+        A child of a jailed process inherits its empty environment, capabilities (none),
+        no_new_privs, core and file-size limits: a stacked layer sets only the rest."""
         global _ENTERED_ROOTS
-        policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
-        _check(policy)
-        kept = (*keep_fds, *_pin_imports(policy),
-                *([self.ruleset_fd] if self.ruleset_fd is not None else []))
-        _process_steps(policy, kept)
+        ruleset = [self.ruleset_fd] if self.ruleset_fd is not None else []
+        if self.stacked:
+            self._tighten((*keep_fds, *ruleset), cpu_s)
+        else:
+            policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
+            _check(policy)
+            _process_steps(policy, (*keep_fds, *_pin_imports(policy), *ruleset))
         try:
             if self.ruleset_fd is not None:
                 _landlock.restrict_self(self.ruleset_fd)
@@ -239,22 +257,38 @@ class PreparedJail:
         except OSError as exc:
             raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
         try:
-            if self.bpf is not None:
-                _seccomp.load_bpf(self.bpf)
+            if self.filter is not None:
+                self.filter.load()
         except OSError as exc:
             raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
         _ENTERED_ROOTS = self.roots
         return self.have
 
+    def _tighten(self, keep_fds: Sequence[int], cpu_s: float | None) -> None:
+        policy = self.policy
+        try:
+            _process.close_fds_except(keep_fds)
+            _process.own_session(policy.new_session)
+            _process.die_with_parent(policy.parent_pid)
+            _process.tighten_limits(policy.memory_mb, policy.cpu_s if cpu_s is None else cpu_s,
+                                    policy.max_open_files)
+        except OSError as exc:
+            raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
 
-def prepare(policy: JailPolicy) -> PreparedJail:
-    """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``)."""
+
+def prepare(policy: JailPolicy, compiled: bytes | None = None) -> PreparedJail:
+    """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``);
+    ``compiled``: its ``seccomp_filter`` (pid None), made elsewhere."""
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
     ruleset = _ruleset(roots, have)
-    bpf = _seccomp.program(None, policy.threads, policy.processes,
-                           first=_ENTERED_ROOTS is None) if have.seccomp else None
-    return PreparedJail(policy, have, roots, ruleset, bpf)
+    bpf = None
+    if have.seccomp:
+        bpf = compiled if compiled is not None else _seccomp.program(
+            None, policy.threads, policy.processes, first=_ENTERED_ROOTS is None)
+    stacked = _ENTERED_ROOTS is not None and not _switches_uid(policy) and not policy.keep_imports
+    return PreparedJail(policy, have, roots, ruleset, bpf, stacked,
+                        _seccomp.Filter(bpf) if bpf is not None else None)
 
 
 def switch_identity(policy: JailPolicy) -> None:
