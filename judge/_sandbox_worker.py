@@ -29,7 +29,8 @@ boundary when they are beaten:
 Wire format on the pipes: the request, from the front, is two 4-byte big-endian lengths, then
 its fields and the verifier's bytecode, each marshalled (the front compiled the code: compiling
 runs nothing); the reply is a 4-byte length, then a UTF-8 JSON object (nothing from a child is
-unmarshalled). Control messages are one JSON object per datagram.
+unmarshalled). On the control socket, one message per datagram: the zygote's JSON hello, then
+``JOB`` and ``NOTE`` structs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import gc
 import json
 import marshal
 import os
-import select
 import signal
 import socket
 import sqlite3
@@ -71,6 +71,12 @@ _DENIED_PREFIXES = (
     "cpython.remove_audit_hook",
 )
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+#: Control datagrams after the zygote's JSON hello: a job (its id and CPU limit, with the
+#: request pipe's read end and the reply pipe's write end), and notes on a job's child.
+JOB = struct.Struct("!Id")
+NOTE = struct.Struct("!BIq")  # STARTED with the child's pid, ENDED with its wait status
+STARTED, ENDED = 1, 2
 
 
 #: Pragmas a verifier may use (reading the schema, mostly); every other one is denied.
@@ -353,14 +359,18 @@ def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: 
 
 def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
-    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd), cpu_s=cpu_s)
+    roots = config["opened"]
+    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd, *(fd for fd, _ in roots.fds)),
+                   cpu_s=cpu_s)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
     # Loaded before the hook, which refuses marshal to the verifier; the front compiled the
     # verifier (once per distinct code).
     req, compiled = _recv(req_fd)
     os.close(req_fd)
-    # The staging folder holds other verifications' databases: from here, only this one's two.
-    jail.restrict_reads([*config["roots"], req["initial"], req["final"]])
+    # Its own Landlock layer: the staging folder holds other verifications' databases; from
+    # here, only this one's two.
+    jail.restrict_reads([req["initial"], req["final"]], roots)
+    roots.close()
     sys.addaudithook(_HOOK)
     try:
         reply = _run_one(req, compiled, _STATE, _BUILTINS, int(config["max_result_bytes"]))
@@ -420,12 +430,14 @@ def _confine(jail, config: dict, ctl: socket.socket):
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
         return None
-    config["roots"] = jail.readable_roots()  # without the staging folder
-    config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
-    # Made once here, for every child: the layer each one enters, the call state, builtins
-    # and sqlite3 connection class a verifier gets. The zygote never runs a verifier, so
-    # each child starts from a pristine copy.
-    prepared = jail.prepare(child_policy(jail), compiled=filters.get("child"))
+    roots = jail.readable_roots()  # without the staging folder
+    config["read_roots"] = tuple(os.path.join(p, "") for p in roots)
+    config["opened"] = jail.open_roots(roots)
+    # Made once here, for every child: the layer each one enters (its Landlock layer comes
+    # with its databases' names), the call state, builtins and sqlite3 connection class a
+    # verifier gets. The zygote never runs a verifier, so each child starts from a pristine
+    # copy.
+    prepared = jail.prepare(child_policy(jail), compiled=filters.get("child"), landlock=False)
     global _STATE, _BUILTINS, _LockedConnection, _HOOK
     _STATE = _CallState()
     _LockedConnection = _locked_connection_class(_STATE)
@@ -447,48 +459,58 @@ def _zygote(config: dict) -> None:
     have, prepared = confined
     gc.freeze()  # what is loaded now stays out of every collection, in here and in children
     gc.disable()  # and none runs here: it would write to (and so copy) pages children share
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # set by _serve; none may end before
     ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe()}).encode())
+    _serve(ctl, lambda fds, cpu_s: _verify_once(jail, prepared, *fds, cpu_s, config))
 
+
+def _serve(ctl: socket.socket, verify) -> None:
+    """Fork a child per job; say when each started and, when reaped, how it ended. Little
+    Python per job: whatever this process touches after a fork, it copies (children share
+    every page until then)."""
     jobs: dict[int, int] = {}  # child pid -> job id
-    while True:
-        try:
-            ready, _, _ = select.select([ctl, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            os.read(wake_r, 512)
-            while jobs:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                if pid in jobs:
-                    ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
-        if ctl in ready:
-            msg, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
-            if not msg:
-                return  # the front is gone; the children die with us
-            job = json.loads(msg)
-            if len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            pid = os.fork()
+    ended: dict[int, int] = {}  # reaped before its job was recorded: pid -> status
+
+    def reap(*_) -> None:  # SIGCHLD: runs between two bytecodes of the loop below
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
             if pid == 0:
-                try:
-                    _verify_once(jail, prepared, fds[0], fds[1], job["cpu_s"], config)
-                finally:
-                    os._exit(0)
+                return
+            job = jobs.pop(pid, None)
+            if job is None:
+                ended[pid] = status
+            else:
+                ctl.send(NOTE.pack(ENDED, job, status))
+
+    signal.signal(signal.SIGCHLD, reap)
+    ancillary = socket.CMSG_LEN(8)  # two fds
+    while True:
+        msg, anc, _, _ = ctl.recvmsg(JOB.size, ancillary)
+        if not msg:
+            return  # the front is gone; the children die with us
+        fds = [fd for level, kind, data in anc if level == socket.SOL_SOCKET
+               and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data)]
+        if len(msg) != JOB.size or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
-            jobs[pid] = job["id"]
-            ctl.send(json.dumps({"id": job["id"], "pid": pid}).encode())
+            continue
+        job, cpu_s = JOB.unpack(msg)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                verify(fds, cpu_s)
+            finally:
+                os._exit(0)
+        jobs[pid] = job
+        status = ended.pop(pid, None)  # it ended, and was reaped, before the line above
+        os.close(fds[0])
+        os.close(fds[1])
+        ctl.send(NOTE.pack(STARTED, job, pid))
+        if status is not None and jobs.pop(pid, None) is not None:
+            ctl.send(NOTE.pack(ENDED, job, status))
 
 
 if __name__ == "__main__":

@@ -147,28 +147,28 @@ class Zygote:
         return str(hello.get("jail", ""))
 
     def _read(self) -> None:
+        note = _sandbox_worker.NOTE
         while True:
             try:
-                msg = self._sock.recv(4096)
+                msg = self._sock.recv(64)
             except OSError:
                 msg = b""
             if not msg:
                 break
-            try:
-                note = json.loads(msg)
-                with self._lock:  # with forget(): a pidfd is closed exactly once
-                    job = self._jobs.get(note["id"])
-                    if job is not None and "pid" in note:
-                        try:
-                            job.pidfd = os.pidfd_open(int(note["pid"]))
-                        except OSError:
-                            pass  # already gone: its reply, or its end, says the rest
-                        job.started.set()
-                    elif job is not None and "status" in note:
-                        job.status = int(note["status"])
-                        job.ended.set()
-            except (ValueError, KeyError, TypeError):
+            if len(msg) != note.size:
                 continue
+            kind, job_id, value = note.unpack(msg)
+            with self._lock:  # with forget(): a pidfd is closed exactly once
+                job = self._jobs.get(job_id)
+                if job is not None and kind == _sandbox_worker.STARTED:
+                    try:
+                        job.pidfd = os.pidfd_open(value)
+                    except OSError:
+                        pass  # already gone: its reply, or its end, says the rest
+                    job.started.set()
+                elif job is not None and kind == _sandbox_worker.ENDED:
+                    job.status = value
+                    job.ended.set()
         with self._lock:  # the zygote is gone: its children die with it (PR_SET_PDEATHSIG)
             for job in self._jobs.values():
                 job.started.set()
@@ -177,11 +177,11 @@ class Zygote:
     def start(self, cpu_s: float, req_r: int, rep_w: int) -> tuple[int, Job]:
         job = Job()
         with self._lock:
-            self._seq += 1
+            self._seq = self._seq % 0xFFFF_FFFF + 1  # a u32 on the wire
             job_id = self._seq
             self._jobs[job_id] = job
             try:
-                socket.send_fds(self._sock, [json.dumps({"id": job_id, "cpu_s": cpu_s}).encode()],
+                socket.send_fds(self._sock, [_sandbox_worker.JOB.pack(job_id, cpu_s)],
                                 [req_r, rep_w])
             except OSError:
                 del self._jobs[job_id]

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from envfarm.jail import _identity, _imports, _landlock, _process, _seccomp
 from envfarm.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
-__all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "WorkerIdentity", "enter",
-           "prepare", "readable_roots", "restrict_reads", "seccomp_filter", "support",
-           "switch_identity", "uid_from_config", "worker_identity"]
+__all__ = ["JailError", "JailPolicy", "JailSupport", "OpenedRoots", "PreparedJail", "WorkerIdentity",
+           "enter", "open_roots", "prepare", "readable_roots", "restrict_reads",
+           "seccomp_filter", "support", "switch_identity", "uid_from_config", "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -101,7 +101,11 @@ def readable_roots(extra: Sequence[str] = ()) -> list[str]:
                 roots.add(path)
     out = {os.path.realpath(p) for p in roots if os.path.exists(p)}
     out.discard("/")  # a sys.path entry of "/" must not open the whole machine
-    return sorted(out)
+    kept: list[str] = []
+    for path in sorted(out):  # a folder sorts before what is in it, which it already grants
+        if not kept or not path.startswith(kept[-1] + "/"):
+            kept.append(path)
+    return kept
 
 
 _ENTERED_ROOTS: list[str] | None = None  # set by the first enter(); a fork inherits it
@@ -276,12 +280,15 @@ class PreparedJail:
             raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
 
 
-def prepare(policy: JailPolicy, compiled: bytes | None = None) -> PreparedJail:
+def prepare(policy: JailPolicy, compiled: bytes | None = None,
+            landlock: bool = True) -> PreparedJail:
     """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``);
-    ``compiled``: its ``seccomp_filter`` (pid None), made elsewhere."""
+    ``compiled``: its ``seccomp_filter`` (pid None), made elsewhere. ``landlock=False``: no
+    Landlock layer of its own, for children that stack theirs (``restrict_reads``) before
+    they run anything they do not trust."""
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    ruleset = _ruleset(roots, have)
+    ruleset = _ruleset(roots, have) if landlock else None
     bpf = None
     if have.seccomp:
         bpf = compiled if compiled is not None else _seccomp.program(
@@ -306,14 +313,34 @@ def switch_identity(policy: JailPolicy) -> None:
         raise JailError(f"cannot switch to uid {policy.uid}: {exc}", layer="identity") from exc
 
 
-def restrict_reads(paths: Sequence[str]) -> None:
-    """Stack one more Landlock layer: from now on, reads only under ``paths`` (files or
-    folders), within what earlier layers allowed. For what a process learns late, e.g. the two
-    database files of the one verification a zygote's child runs. No-op without Landlock."""
+@dataclass(frozen=True)
+class OpenedRoots:
+    """Readable trees opened once (``open_roots``: in a zygote), so that each child's
+    ``restrict_reads`` grants them without looking their paths up again. O_PATH descriptors:
+    they read nothing themselves; a child closes them (``close``) before running anything."""
+
+    fds: tuple[tuple[int, bool], ...]  # (descriptor, is a folder)
+
+    def close(self) -> None:
+        for fd, _ in self.fds:
+            os.close(fd)
+
+
+def open_roots(paths: Sequence[str]) -> OpenedRoots:
+    """``paths`` opened for later ``restrict_reads`` calls (those that exist)."""
+    return OpenedRoots(tuple(_landlock.open_paths(paths)))
+
+
+def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> None:
+    """Stack one more Landlock layer: from now on, reads only under ``paths`` and ``opened``
+    (files or folders), within what earlier layers allowed. For what a process learns late,
+    e.g. the two database files of the one verification a zygote's child runs. No-op without
+    Landlock."""
     have = support()
     if not have.landlock_abi:
         return
     try:
-        _landlock.restrict_read_only(list(paths), have.landlock_abi)
+        _landlock.restrict_read_only(list(paths), have.landlock_abi,
+                                     opened.fds if opened is not None else ())
     except OSError as exc:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
