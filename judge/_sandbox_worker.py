@@ -126,6 +126,10 @@ class _CallState:
     def __init__(self) -> None:
         self.violations: list[str] = []
         self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
+        # One connection per staged database, held while the verifier runs: its connections
+        # share its cache (``cache=shared``), so the schema is parsed once, not once per
+        # connection (LLM-written verifiers often connect once per query).
+        self.keepers: dict[str, object] = {}
         self.opening = False  # inside _LockedConnection.__init__
         self.reseeded = False  # random, seeded in the zygote, reseeded once for this child
 
@@ -298,6 +302,8 @@ def _sqlite_shim(state: _CallState) -> types.ModuleType:
         if uri is None:
             state.violate(f"sqlite3.connect to {database!r}")
         kwargs["uri"] = True
+        if uri not in state.keepers:
+            state.keepers[uri] = sqlite3.connect(uri, factory=_LockedConnection, uri=True)
         return sqlite3.connect(uri, *args, **kwargs)
 
     shim.connect = connect
@@ -315,8 +321,8 @@ def _describe(exc: BaseException) -> str:
 def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: dict,
              max_result: int) -> dict:
     state.db_uris = {
-        os.path.normpath(path): uri for path, uri in ((req["initial"], req["initial_uri"]),
-                                                      (req["final"], req["final_uri"]))
+        os.path.normpath(path): f"{uri}&cache=shared" for path, uri in (
+            (req["initial"], req["initial_uri"]), (req["final"], req["final_uri"]))
     }
     glb = {"__builtins__": builtins_, "__name__": "verifier"}
     try:
