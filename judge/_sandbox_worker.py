@@ -2,11 +2,11 @@
 
 Started by ``judge.sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``
 with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads the standard-library
-modules verifiers may use and ``envfarm.jail`` (nothing else of the project), and enters the
-kernel jail (``processes=True``: it may fork, nothing else), switching to an unprivileged uid of
-its own when started as root. Then, per verification, the front sends two pipe ends
-(SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child and tells the front its pid (the
-front kills it at the deadline) and, later, how it ended. It never reads a request itself.
+modules verifiers may use and ``envfarm.jail`` (nothing else of the project; the front compiled
+its seccomp filters), and enters the kernel jail (it may fork, nothing else), switching to an
+unprivileged uid of its own when started as root. Per verification the front sends two pipe
+ends (SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child, tells the
+front its pid (killed at the deadline) and, later, how it ended; it never reads a request.
 
 The child tightens the jail (no new processes or threads, its own CPU limit, its own process
 group, only its two pipe ends open), reads its one request, runs the verifier once, writes one
@@ -78,7 +78,6 @@ JOB = struct.Struct("!Id")
 NOTE = struct.Struct("!BIq")  # STARTED with the child's pid, ENDED with its wait status
 STARTED, ENDED = 1, 2
 
-
 #: Pragmas a verifier may use (reading the schema, mostly); every other one is denied.
 _ALLOWED_PRAGMAS = frozenset({
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
@@ -126,9 +125,8 @@ class _CallState:
     def __init__(self) -> None:
         self.violations: list[str] = []
         self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
-        # One connection per staged database, held while the verifier runs: its connections
-        # share its cache (``cache=shared``), so the schema is parsed once, not once per
-        # connection (LLM-written verifiers often connect once per query).
+        # A connection per staged database, held while the verifier runs, whose cache its
+        # connections share: the schema is parsed once, not once per connection each query.
         self.keepers: dict[str, object] = {}
         self.opening = False  # inside _LockedConnection.__init__
         self.reseeded = False  # random, seeded in the zygote, reseeded once for this child
@@ -178,11 +176,8 @@ def _make_hook(state: _CallState, read_roots: tuple[str, ...]):
 
 
 def _private_copies(state: _CallState) -> dict[int, types.ModuleType]:
-    """A copy of each allowed module, made once in the zygote, so each child starts with a
-    pristine one and imports cost no copying (a copy per import touched, and so copied from
-    the zygote, every page its module's names live on)."""
-    import sqlite3
-
+    """A copy of each allowed module, made once in the zygote: each child gets a pristine
+    one, and an import copies nothing (a copy touched every page its names live on)."""
     copies = {id(sys.modules[name]): _private_copy(sys.modules[name])
               for name in sorted(ALLOWED_IMPORTS - {"sqlite3"})}
     copies[id(sqlite3)] = _sqlite_shim(state)  # also what any sqlite3.* import gives
@@ -227,7 +222,7 @@ def _safe_builtins(state: _CallState, copies: dict[int, types.ModuleType]) -> di
 
 
 def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
-    if action in _ATTACH_DETACH:
+    if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() not in _ALLOWED_PRAGMAS:
         return sqlite3.SQLITE_DENY
@@ -236,12 +231,7 @@ def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
     return sqlite3.SQLITE_OK
 
 
-_ATTACH_DETACH = (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH)
-
-
 def _harden(conn) -> None:
-    import sqlite3
-
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_LENGTH, 64 << 20)
     # Sorts and temporary tables in memory: the jail lets the process create no file.
@@ -251,8 +241,6 @@ def _harden(conn) -> None:
 
 def _locked_connection_class(state: _CallState) -> type:
     """The only sqlite3 connection class verifier code gets: it cannot lift ``_harden``."""
-    import sqlite3
-
     def refuse(name):
         def method(self, *args, **kwargs):
             state.violate(f"sqlite3 Connection.{name}")
@@ -281,8 +269,6 @@ _HOOK = None
 
 
 def _sqlite_shim(state: _CallState) -> types.ModuleType:
-    import sqlite3
-
     shim = types.ModuleType("sqlite3")
     shim.__dict__.update(sqlite3.__dict__)
     shim.dbapi2 = shim
@@ -369,12 +355,10 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
     prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd, *(fd for fd, _ in roots.fds)),
                    cpu_s=cpu_s)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
-    # Loaded before the hook, which refuses marshal to the verifier; the front compiled the
-    # verifier (once per distinct code).
+    # Unmarshalled before the hook, which refuses marshal to the verifier.
     req, compiled = _recv(req_fd)
     os.close(req_fd)
-    # Its own Landlock layer: the staging folder holds other verifications' databases; from
-    # here, only this one's two.
+    # Its own Landlock layer: of the staged databases, this verification's two only.
     jail.restrict_reads([req["initial"], req["final"]], roots)
     roots.close()
     sys.addaudithook(_HOOK)
@@ -385,30 +369,6 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
     except BaseException as exc:  # noqa: BLE001 - report; the process ends here anyway
         reply = {"ok": False, "kind": "crashed", "error": f"worker failure: {_describe(exc)}"}
     _send(rep_fd, reply)
-
-
-def zygote_policy(jail, config: dict):
-    """The zygote's jail: it may fork, nothing else; reads the staging folder too."""
-    strict = not config["allow_unconfined"]
-    return jail.JailPolicy(
-        read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
-        processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
-        require_seccomp=strict, uid=jail.uid_from_config(config))
-
-
-def child_policy(jail):
-    """The layer each child adds: no processes, threads or signals; a process group (not a
-    session: cheaper) of its own."""
-    return jail.JailPolicy(memory_mb=None, threads=False, processes=False, new_session=False,
-                           min_landlock_abi=0, require_seccomp=False)
-
-
-def seccomp_filters(jail, config: dict) -> dict[str, str]:
-    """Both seccomp programs, compiled by the front: the zygote never loads libseccomp (nor
-    what pyseccomp imports: ``threading`` adds an after-fork hook to every child)."""
-    return {"zygote": base64.b64encode(jail.seccomp_filter(zygote_policy(jail, config))).decode(),
-            "child": base64.b64encode(jail.seccomp_filter(child_policy(jail), stacked=True)
-                                      ).decode()}
 
 
 def _preload() -> None:
@@ -426,10 +386,9 @@ def _preload() -> None:
 
 
 def _warm_up() -> None:
-    """Once here, what each child would otherwise do first: SQLite's global set-up (its VFSes,
-    some 200 built-in SQL functions, mutexes) happens at the first connection of a process,
-    and the hardened connection's path has its own first-use state. Trusted code, on an
-    in-memory database of its own; the call state is reset after."""
+    """Once here, what each child would do first: SQLite's global set-up (VFSes, ~200 built-in
+    functions) at a process's first connection, the hardened connection's first-use state.
+    Trusted code on a database of its own; the call state is reset after."""
     conn = sqlite3.connect(":memory:", factory=_LockedConnection, uri=False)
     conn.execute("CREATE TABLE t (x INTEGER, y TEXT)")
     conn.execute("SELECT x, upper(y) FROM t WHERE x = ? ORDER BY y", (1,)).fetchall()
@@ -444,7 +403,10 @@ def _confine(jail, config: dict, ctl: socket.socket):
     try:
         # Everything is loaded: started as root, it switches to a uid of its own in there, and
         # from then on nothing can read (or change) what only root may.
-        have = jail.enter(zygote_policy(jail, config), keep_fds=(0, 1, 2, ctl.fileno()),
+        fields = config["policies"]["zygote"]
+        zygote = jail.JailPolicy(**{**fields, "read_paths": tuple(fields["read_paths"])},
+                                 uid=jail.uid_from_config(config))
+        have = jail.enter(zygote, keep_fds=(0, 1, 2, ctl.fileno()),
                           compiled=filters.get("zygote"))
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
@@ -452,11 +414,11 @@ def _confine(jail, config: dict, ctl: socket.socket):
     roots = jail.readable_roots()  # without the staging folder
     config["read_roots"] = tuple(os.path.join(p, "") for p in roots)
     config["opened"] = jail.open_roots(roots)
-    # Made once here, for every child: the layer each one enters (its Landlock layer comes
-    # with its databases' names), the call state, builtins and sqlite3 connection class a
-    # verifier gets. The zygote never runs a verifier, so each child starts from a pristine
-    # copy.
-    prepared = jail.prepare(child_policy(jail), compiled=filters.get("child"), landlock=False)
+    # Made once here for every child (which starts from a pristine copy: no verifier runs
+    # here): the layer it enters (its Landlock layer comes with its databases' names), the
+    # call state, builtins and sqlite3 connection class a verifier gets.
+    prepared = jail.prepare(jail.JailPolicy(**config["policies"]["child"]),
+                            compiled=filters.get("child"), landlock=False)
     global _STATE, _BUILTINS, _LockedConnection, _HOOK
     _STATE = _CallState()
     _LockedConnection = _locked_connection_class(_STATE)

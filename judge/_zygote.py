@@ -7,6 +7,7 @@ reports (a child's pid, then its exit status) into ``Job`` events the sandbox wa
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -69,13 +70,28 @@ def _import_root() -> str:
     return str(Path(envfarm.__file__).resolve().parents[1])
 
 
+def _policies(config: SandboxConfig, stage_dir: str) -> dict[str, dict]:
+    """The zygote's jail (it may fork, nothing else; it reads the staging folder too; its uid
+    it works out itself) and the layer each child adds (no processes, threads or signals, a
+    process group of its own rather than a session: cheaper), as ``JailPolicy`` fields."""
+    strict = not config.allow_unconfined
+    return {"zygote": {"read_paths": [stage_dir], "memory_mb": config.memory_mb,
+                       "threads": False, "processes": True, "max_open_files": 256,
+                       "min_landlock_abi": 1 if strict else 0, "require_seccomp": strict},
+            "child": {"memory_mb": None, "threads": False, "processes": False,
+                      "new_session": False, "min_landlock_abi": 0, "require_seccomp": False}}
+
+
 @functools.lru_cache(maxsize=8)
-def _seccomp_filters(allow_unconfined: bool) -> dict[str, str]:
-    """The zygote's and its children's seccomp programs (compiled here: see the worker)."""
+def _seccomp_filters(threads_processes: tuple[tuple[bool, bool], ...]) -> list[str]:
+    """Both seccomp programs, compiled here: the zygote never loads libseccomp (nor what
+    pyseccomp imports: ``threading`` puts an after-fork hook on every child). Only a policy's
+    ``threads`` and ``processes`` shape its filter."""
     if not envfarm.jail.support().seccomp:
-        return {}
-    config = {"allow_unconfined": allow_unconfined, "stage_dir": "/", "memory_mb": None}
-    return _sandbox_worker.seccomp_filters(envfarm.jail, config)
+        return []
+    return [base64.b64encode(envfarm.jail.seccomp_filter(
+        envfarm.jail.JailPolicy(threads=threads, processes=processes), stacked=i > 0)).decode()
+        for i, (threads, processes) in enumerate(threads_processes)]
 
 
 class Job:
@@ -111,11 +127,13 @@ class Zygote:
         self.config = config
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         identity = envfarm.jail.worker_identity().config() if config.drop_privileges else {}
+        policies = _policies(config, stage_dir)
+        filters = _seccomp_filters(tuple((p["threads"], p["processes"])
+                                         for p in policies.values()))
         zconf = json.dumps({
-            "ctl_fd": theirs.fileno(), "sys_path": [_import_root()], "stage_dir": stage_dir,
-            "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "allow_unconfined": config.allow_unconfined,
-            "seccomp": _seccomp_filters(config.allow_unconfined), **identity})
+            "ctl_fd": theirs.fileno(), "sys_path": [_import_root()], "policies": policies,
+            "seccomp": dict(zip(policies, filters)),
+            "max_result_bytes": config.max_result_bytes, **identity})
         cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]

@@ -8,7 +8,7 @@ the zygote that pipe's read end and a second pipe's write end for the reply; the
 with the child's pid (this side kills it at the deadline, through a pidfd) and, later, its exit
 status. A reply is read only from the pipe made for that request, size-capped and checked for
 shape, so a verifier can answer for its own verification and no other. Nothing from a child is
-unpickled: the wire is length-prefixed JSON.
+unpickled: a reply is length-prefixed JSON.
 """
 
 from __future__ import annotations
