@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
+log = logging.getLogger("judge.sandbox")
 
 
 class VerifierErrorKind(str, Enum):
@@ -56,13 +58,24 @@ class WorkerGone(Exception):
 
 @functools.lru_cache(maxsize=1)
 def _can_unshare_net() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    try:
-        return subprocess.run(["unshare", "--net", "true"], capture_output=True,
-                              timeout=5, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    """Whether verifier processes can get a network namespace of their own: as root, or as uid 0
+    of a user namespace (``unshare -rn``: how ``make demo`` runs for a user who is not root).
+    Where not, says why once; the jail still denies them new sockets."""
+    if not shutil.which("unshare"):
+        why = "there is no `unshare` command"
+    elif os.geteuid() != 0:
+        why = "making one needs root, or running the farm under `unshare -rn`"
+    else:
+        try:
+            if subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=5,
+                              check=False).returncode == 0:
+                return True
+            why = "`unshare --net` is refused here"
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = f"`unshare --net` failed: {exc}"
+    log.warning("verifier processes share the farm's network namespace: %s (the jail still "
+                "denies them new sockets)", why)
+    return False
 
 
 def _import_root() -> str:

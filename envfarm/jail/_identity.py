@@ -11,8 +11,10 @@ its pid namespace with no bookkeeping (Serve replicas spawn workers independentl
 ``RLIMIT_NPROC`` (which counts a uid's tasks) caps the threads of that one process, and no two
 workers own the same processes. The range is one systemd leaves unused (1879048192-2147352575)
 and that no host file is expected to belong to. Where the range is not mapped (a user namespace
-of 65,536 ids), processes share ``nobody`` and threads are not capped per process. A process that
-is not root has nothing to give up and keeps its uid.
+of 65,536 ids), processes share ``nobody`` and threads are not capped per process. Where only
+uid 0 is mapped (``unshare -rn``, how ``make demo`` runs for a user who is not root), there is no
+uid to switch to and none to need: root there is that user outside, with no privilege. A
+process that is not root has nothing to give up and keeps its uid.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class WorkerIdentity:
             return f"uid {os.getuid()} like the farm (not root: nothing to drop)"
         if self.uid_base is not None:
             return "a uid of its own each"
+        if self.shared_uid is None:
+            return f"uid 0 like the farm (uid {_outside_uid()} outside this user namespace)"
         return f"uid {self.shared_uid}, shared (uids from {UID_BASE} are not mapped here)"
 
     def warning(self) -> str | None:
@@ -55,21 +59,34 @@ class WorkerIdentity:
             return (f"env workers run as uid {os.getuid()} like the farm: it is not root, so "
                     "there is no privilege to drop and no uid of their own to cap their threads "
                     "with (seccomp still denies chmod, chown, xattrs, utime and file flags)")
+        if self.shared_uid is None and self.uid_base is None:
+            return (f"env workers keep uid 0 of this user namespace (uid {_outside_uid()} outside "
+                    "it), which maps no other uid to switch to: no uid of their own caps their "
+                    "threads (seccomp still denies chmod, chown, xattrs, utime and file flags)")
         if self.uid_base is None:
             return (f"env workers share uid {self.shared_uid}: uids {UID_BASE}.. are not mapped "
                     "in this user namespace, so their threads are not capped per worker")
         return None
 
 
-def _mapped(lo: int, count: int) -> bool:
-    """Whether uids ``lo .. lo+count-1`` all exist in this user namespace."""
+def _uid_map() -> list[tuple[int, ...]]:
+    """This user namespace's uid extents: (first uid inside, first uid outside, count)."""
     try:
         with open("/proc/self/uid_map") as fh:
-            extents = [tuple(int(x) for x in line.split()) for line in fh if line.strip()]
+            return [tuple(int(x) for x in line.split()) for line in fh if line.strip()]
     except OSError:
-        return False
+        return []
+
+
+def _mapped(lo: int, count: int) -> bool:
+    """Whether uids ``lo .. lo+count-1`` all exist in this user namespace."""
     return any(inside <= lo and lo + count <= inside + length
-               for inside, _outside, length in extents)
+               for inside, _outside, length in _uid_map())
+
+
+def _outside_uid() -> int | None:
+    """The uid this namespace's uid 0 is outside it (None where 0 is not mapped)."""
+    return next((outside for inside, outside, _ in _uid_map() if inside == 0), None)
 
 
 @functools.cache
@@ -79,7 +96,9 @@ def worker_identity() -> WorkerIdentity:
         return WorkerIdentity(root=False, uid_base=None, shared_uid=None)
     if _mapped(UID_BASE, _PID_MAX_LIMIT):
         return WorkerIdentity(root=True, uid_base=UID_BASE, shared_uid=None)
-    return WorkerIdentity(root=True, uid_base=None, shared_uid=NOBODY)
+    if _mapped(NOBODY, 1):
+        return WorkerIdentity(root=True, uid_base=None, shared_uid=NOBODY)
+    return WorkerIdentity(root=True, uid_base=None, shared_uid=None)  # only uid 0 is mapped
 
 
 def uid_from_config(config: dict) -> int | None:

@@ -11,7 +11,7 @@ import pytest
 verl = pytest.importorskip(
     "verl.experimental.agent_loop.agent_loop",
     reason="verl is not installed: verl 0.9.1 needs transformers<5.11, the train extra pins 5.23.0; "
-           "see README, Trainer (pip install verl==0.9.1 cachetools in a separate venv)")
+           "see docs/training.md (pip install verl==0.9.1 cachetools in a separate venv)")
 
 import hydra  # noqa: E402  (verl's own dependency)
 from omegaconf import OmegaConf  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envfarm.jail import support
+from envfarm.jail import support, worker_identity
 from tests.envfarm.worker.conftest import start_farm
 from tests.envfarm.worker.hostile_env import with_code
 from tests.envfarm.worker.raw_env import raw_code
@@ -34,9 +34,11 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[3]
-ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not ROOT, reason="a farm that is not root keeps its uid: there is "
-                                "no privilege to drop and no uid of its own to cap threads with")
+#: Root with uids to hand out (not uid 0 of a user namespace that maps too few: `unshare -rn`).
+ROOT = worker_identity().uid_base is not None
+needs_root = pytest.mark.skipif(not ROOT, reason="a farm that is not root (or root of a user "
+                                "namespace with no uids to hand out) keeps its uid: there is no "
+                                "privilege to drop and no uid of its own to cap threads with")
 AT_FDCWD = -100
 EPERM, EACCES = 1, 13
 MAX_THREADS = 128  # envfarm.worker._main.MAX_THREADS
@@ -138,6 +140,9 @@ def test_the_farm_says_who_its_workers_run_as(farm, caplog):
     assert health["isolation"] == isolation
     if ROOT:
         assert isolation.endswith("a uid of its own each)") and not caplog.records
+    elif worker_identity().root:  # uid 0 of a small user namespace: one line says which
+        assert worker_identity().describe() in isolation
+        assert [r.getMessage() for r in caplog.records if "user namespace" in r.getMessage()]
     else:  # one clear line: nothing to drop, no thread cap
         assert "not root: nothing to drop" in isolation
         assert [r.getMessage() for r in caplog.records if "no privilege to drop" in
