@@ -63,6 +63,9 @@ class Stager:
         if not keep:
             return path, False
         with self._lock:
+            if self._refs.get(key) is data:  # another thread staged it meanwhile
+                _unlink(path)
+                return self._hit(key), True
             self._refs[key] = data  # type: ignore[assignment]  # bytes when kept
             self._add(key, path)
         return path, True
