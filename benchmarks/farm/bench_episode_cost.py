@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,16 +106,19 @@ def side_by_side(args: argparse.Namespace, env: str, task: int, calls: list) -> 
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     roots = {"this_tree": REPO, "baseline": folder}
     rounds: dict[str, list[dict]] = {k: [] for k in roots}
-    for r in range(args.rounds):
-        for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-            proc, url = start_no_ray(warm=2 * IN_FLIGHT, verifier_workers=2, root=roots[name])
-            try:
-                out = asyncio.run(verify_round(url, proc.pid, env, task, calls, args.n))
-            finally:
-                proc.terminate()
-                proc.wait(timeout=15)
-            rounds[name].append({**out, "load_avg_1m": round(os.getloadavg()[0], 2)})
-            print(name, json.dumps(rounds[name][-1]), flush=True)
+    try:
+        for r in range(args.rounds):
+            for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+                proc, url = start_no_ray(warm=2 * IN_FLIGHT, verifier_workers=2, root=roots[name])
+                try:
+                    out = asyncio.run(verify_round(url, proc.pid, env, task, calls, args.n))
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=15)
+                rounds[name].append({**out, "load_avg_1m": round(os.getloadavg()[0], 2)})
+                print(name, json.dumps(rounds[name][-1]), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     median = {name: {k: sorted(r.get(k, 0.0) for r in rs)[len(rs) // 2]
                      for k in sorted({k for r in rs for k in r})}
               for name, rs in rounds.items()}

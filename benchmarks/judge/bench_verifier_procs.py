@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,10 +129,13 @@ def main() -> None:
     roots = {"this_tree": str(ROOT), "baseline": _export(args.baseline)}
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in roots}
     loads = []
-    for r in range(args.rounds):
-        for impl in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-            loads.append(round(os.getloadavg()[0], 2))
-            runs[impl].append(_round(impl, roots[impl], args, r * args.n))
+    try:
+        for r in range(args.rounds):
+            for impl in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+                loads.append(round(os.getloadavg()[0], 2))
+                runs[impl].append(_round(impl, roots[impl], args, r * args.n))
+    finally:
+        shutil.rmtree(roots["baseline"], ignore_errors=True)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
         "load_avg_1m_at_each_run": loads, "baseline": args.baseline, "workers": args.workers,
