@@ -7,7 +7,6 @@ first use (PEP 562), so ``import envfarm.errors`` or the SDK does not pull in th
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,7 +55,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
-        if importlib.util.find_spec(f"envfarm.{name}") is not None:
+        from importlib.util import find_spec  # here: a verifier zygote imports envfarm.confined.jail
+
+        if find_spec(f"envfarm.{name}") is not None:
             return importlib.import_module(f"envfarm.{name}")  # ``envfarm.catalog`` etc.
         raise AttributeError(f"module 'envfarm' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)

@@ -2,11 +2,11 @@
 
 Started by ``judge.sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``
 with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads the standard-library
-modules verifiers may use and ``envfarm.confined.jail`` (nothing else of the project), and enters the
-kernel jail (``processes=True``: it may fork, nothing else), switching to an unprivileged uid of
-its own when started as root. Then, per verification, the front sends two pipe ends
-(SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child and tells the front its pid (the
-front kills it at the deadline) and, later, how it ended. It never reads a request itself.
+modules verifiers may use and ``envfarm.confined.jail`` (nothing else of the project; the front compiled
+its seccomp filters), and enters the kernel jail (it may fork, nothing else), switching to an
+unprivileged uid of its own when started as root. Per verification the front sends two pipe
+ends (SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child, tells the
+front its pid (killed at the deadline) and, later, how it ended; it never reads a request.
 
 The child tightens the jail (no new processes or threads, its own CPU limit, its own process
 group, only its two pipe ends open), reads its one request, runs the verifier once, writes one
@@ -26,8 +26,11 @@ boundary when they are beaten:
    and reading other database files), extension loading and unlisted pragmas; its class refuses
    the methods that would lift those (``set_authorizer``, ``setlimit``, ...).
 
-Wire format on the pipes: 4-byte big-endian length, then a UTF-8 JSON object. Control messages
-are one JSON object per datagram.
+Wire format on the pipes: the request, from the front, is two 4-byte big-endian lengths, then
+its fields and the verifier's bytecode, each marshalled (the front compiled the code: compiling
+runs nothing); the reply is a 4-byte length, then a UTF-8 JSON object (nothing from a child is
+unmarshalled). On the control socket, one message per datagram: the zygote's JSON hello, then
+``JOB`` and ``NOTE`` structs.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ import gc
 import json
 import marshal
 import os
-import select
 import signal
 import socket
+import sqlite3
+import struct
 import sys
 import time
 import types
@@ -68,6 +72,11 @@ _DENIED_PREFIXES = (
 )
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
+#: Control datagrams after the zygote's JSON hello: a job (its id and CPU limit, with the
+#: request pipe's read end and the reply pipe's write end), and notes on a job's child.
+JOB = struct.Struct("!Id")
+NOTE = struct.Struct("!BIq")  # STARTED with the child's pid, ENDED with its wait status
+STARTED, ENDED = 1, 2
 
 #: Pragmas a verifier may use (reading the schema, mostly); every other one is denied.
 _ALLOWED_PRAGMAS = frozenset({
@@ -95,9 +104,11 @@ def _read_exact(fd: int, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv(fd: int) -> dict:
-    size = int.from_bytes(_read_exact(fd, 4), "big")
-    return json.loads(_read_exact(fd, size))
+def _recv(fd: int) -> tuple[dict, types.CodeType]:
+    """The request (marshalled by the front: its fields, then the verifier's bytecode)."""
+    size, code_size = struct.unpack("!II", _read_exact(fd, 8))
+    data = _read_exact(fd, size + code_size)
+    return marshal.loads(data[:size]), marshal.loads(data[size:])
 
 
 def _send(fd: int, msg: dict) -> None:
@@ -114,7 +125,11 @@ class _CallState:
     def __init__(self) -> None:
         self.violations: list[str] = []
         self.db_uris: dict[str, str] = {}  # staged path -> read-only immutable URI
+        # A connection per staged database, held while the verifier runs, whose cache its
+        # connections share: the schema is parsed once, not once per connection each query.
+        self.keepers: dict[str, object] = {}
         self.opening = False  # inside _LockedConnection.__init__
+        self.reseeded = False  # random, seeded in the zygote, reseeded once for this child
 
     def violate(self, what: str) -> None:
         if len(self.violations) < 20:
@@ -160,12 +175,29 @@ def _make_hook(state: _CallState, read_roots: tuple[str, ...]):
     return hook
 
 
-def _safe_builtins(state: _CallState) -> dict:
+def _private_copies(state: _CallState) -> dict[int, types.ModuleType]:
+    """A copy of each allowed module, made once in the zygote: each child gets a pristine
+    one, and an import copies nothing (a copy touched every page its names live on)."""
+    copies = {id(sys.modules[name]): _private_copy(sys.modules[name])
+              for name in sorted(ALLOWED_IMPORTS - {"sqlite3"})}
+    copies[id(sqlite3)] = _sqlite_shim(state)  # also what any sqlite3.* import gives
+    return copies
+
+
+def _private_copy(module: types.ModuleType) -> types.ModuleType:
+    # `json.dumps = None` in a verifier must not break the harness, which uses json after it.
+    clone = types.ModuleType(module.__name__)
+    clone.__dict__.update(module.__dict__)
+    return clone
+
+
+def _safe_builtins(state: _CallState, copies: dict[int, types.ModuleType]) -> dict:
     safe = dict(builtins.__dict__)
     for name in ("open", "exec", "eval", "compile", "input", "breakpoint", "help", "exit",
                  "quit", "copyright", "credits", "license", "__loader__", "__spec__"):
         safe.pop(name, None)
     real_import = builtins.__import__
+    sqlite_id, random = id(sys.modules["sqlite3"]), sys.modules["random"]
 
     def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         top = name.split(".")[0]
@@ -173,12 +205,13 @@ def _safe_builtins(state: _CallState) -> dict:
             state.violations.append(f"forbidden import {name}")
             raise ImportError(f"forbidden import {name}")
         module = real_import(name, globals, locals, fromlist, level)
-        if top == "sqlite3":
-            return _sqlite_shim(state)
-        # A private copy: `json.dumps = None` in one verifier must not break the next one.
-        clone = types.ModuleType(module.__name__)
-        clone.__dict__.update(module.__dict__)
-        return clone
+        if top in ("random", "statistics") and not state.reseeded:
+            state.reseeded = True
+            random.seed()  # the zygote's seed, till now (see _preload)
+        copy = copies.get(sqlite_id if top == "sqlite3" else id(module))
+        if copy is None:  # a submodule (`from collections import abc`): copied now
+            copy = copies[id(module)] = _private_copy(module)
+        return copy
 
     def quiet_print(*args, **kwargs):  # verifier output would corrupt nothing, but is noise
         return None
@@ -189,9 +222,7 @@ def _safe_builtins(state: _CallState) -> dict:
 
 
 def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
-    import sqlite3
-
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+    if action == sqlite3.SQLITE_ATTACH or action == sqlite3.SQLITE_DETACH:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() not in _ALLOWED_PRAGMAS:
         return sqlite3.SQLITE_DENY
@@ -201,8 +232,6 @@ def _authorize(action: int, arg1, arg2, db_name, trigger) -> int:
 
 
 def _harden(conn) -> None:
-    import sqlite3
-
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     sqlite3.Connection.setlimit(conn, sqlite3.SQLITE_LIMIT_LENGTH, 64 << 20)
     # Sorts and temporary tables in memory: the jail lets the process create no file.
@@ -212,8 +241,6 @@ def _harden(conn) -> None:
 
 def _locked_connection_class(state: _CallState) -> type:
     """The only sqlite3 connection class verifier code gets: it cannot lift ``_harden``."""
-    import sqlite3
-
     def refuse(name):
         def method(self, *args, **kwargs):
             state.violate(f"sqlite3 Connection.{name}")
@@ -234,14 +261,14 @@ def _locked_connection_class(state: _CallState) -> type:
                 {"__init__": __init__, **{n: refuse(n) for n in names}})
 
 
+# Made once in the zygote (see _confine), used by each child.
 _LockedConnection: type | None = None
 _STATE: _CallState | None = None
 _BUILTINS: dict | None = None
+_HOOK = None
 
 
 def _sqlite_shim(state: _CallState) -> types.ModuleType:
-    import sqlite3
-
     shim = types.ModuleType("sqlite3")
     shim.__dict__.update(sqlite3.__dict__)
     shim.dbapi2 = shim
@@ -261,6 +288,8 @@ def _sqlite_shim(state: _CallState) -> types.ModuleType:
         if uri is None:
             state.violate(f"sqlite3.connect to {database!r}")
         kwargs["uri"] = True
+        if uri not in state.keepers:
+            state.keepers[uri] = sqlite3.connect(uri, factory=_LockedConnection, uri=True)
         return sqlite3.connect(uri, *args, **kwargs)
 
     shim.connect = connect
@@ -278,8 +307,8 @@ def _describe(exc: BaseException) -> str:
 def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: dict,
              max_result: int) -> dict:
     state.db_uris = {
-        os.path.normpath(path): uri for path, uri in ((req["initial"], req["initial_uri"]),
-                                                      (req["final"], req["final_uri"]))
+        os.path.normpath(path): f"{uri}&cache=shared" for path, uri in (
+            (req["initial"], req["initial_uri"]), (req["final"], req["final_uri"]))
     }
     glb = {"__builtins__": builtins_, "__name__": "verifier"}
     try:
@@ -322,16 +351,17 @@ def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: 
 
 def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
-    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd), cpu_s=cpu_s)
+    roots = config["opened"]
+    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd, *(fd for fd, _ in roots.fds)),
+                   cpu_s=cpu_s)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
-    req = _recv(req_fd)
+    # Unmarshalled before the hook, which refuses marshal to the verifier.
+    req, compiled = _recv(req_fd)
     os.close(req_fd)
-    # The staging folder holds other verifications' databases: from here, only this one's two.
-    jail.restrict_reads([*config["roots"], req["initial"], req["final"]])
-    # The front compiled it (once per verifier); loading it comes before the hook, which
-    # refuses marshal to the verifier.
-    compiled = marshal.loads(base64.b64decode(req["bytecode"]))
-    sys.addaudithook(_make_hook(_STATE, config["read_roots"]))
+    # Its own Landlock layer: of the staged databases, this verification's two only.
+    jail.restrict_reads([req["initial"], req["final"]], roots)
+    roots.close()
+    sys.addaudithook(_HOOK)
     try:
         reply = _run_one(req, compiled, _STATE, _BUILTINS, int(config["max_result_bytes"]))
     except MemoryError:  # e.g. serializing a huge result
@@ -341,83 +371,128 @@ def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config:
     _send(rep_fd, reply)
 
 
-def _zygote(config: dict) -> None:
-    sys.path[:0] = config["sys_path"]  # only so envfarm.confined.jail and pyseccomp load
-    from envfarm.confined import jail
-
-    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
-    for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
-        __import__(name)
+def _preload() -> None:
+    """Import what verifiers may use, once, here: a child importing it would pay each time."""
+    # random reseeds itself in every child after a fork (~0.1 ms, ~40 page faults each): not
+    # here; a child reseeds it only when its verifier imports it (see _safe_builtins).
+    register, os.register_at_fork = os.register_at_fork, lambda **_: None
+    try:
+        for name in sorted(ALLOWED_IMPORTS | _LAZY_OK):
+            __import__(name)
+    finally:
+        os.register_at_fork = register
     time.strptime("2024-01-01", "%Y-%m-%d")  # warms _strptime's lazy state
     "x".encode("latin-1").decode("ascii")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    strict = not config["allow_unconfined"]
+
+
+def _warm_up() -> None:
+    """Once here, what each child would do first: SQLite's global set-up (VFSes, ~200 built-in
+    functions) at a process's first connection, the hardened connection's first-use state.
+    Trusted code on a database of its own; the call state is reset after."""
+    conn = sqlite3.connect(":memory:", factory=_LockedConnection, uri=False)
+    conn.execute("CREATE TABLE t (x INTEGER, y TEXT)")
+    conn.execute("SELECT x, upper(y) FROM t WHERE x = ? ORDER BY y", (1,)).fetchall()
+    conn.close()
+    json.loads(json.dumps({"result": "complete", "n": [1, 2.5, None, True]}))
+    _STATE.__init__()
+
+
+def _confine(jail, config: dict, ctl: socket.socket):
+    """Enter the zygote's jail and make its children's; None (reported) if it cannot."""
+    filters = {k: base64.b64decode(v) for k, v in (config.get("seccomp") or {}).items()}
     try:
         # Everything is loaded: started as root, it switches to a uid of its own in there, and
         # from then on nothing can read (or change) what only root may.
-        have = jail.enter(jail.JailPolicy(
-            read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
-            processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
-            require_seccomp=strict, uid=jail.uid_from_config(config)),
-            keep_fds=(0, 1, 2, ctl.fileno()))
+        fields = config["policies"]["zygote"]
+        zygote = jail.JailPolicy(**{**fields, "read_paths": tuple(fields["read_paths"])},
+                                 uid=jail.uid_from_config(config))
+        have = jail.enter(zygote, keep_fds=(0, 1, 2, ctl.fileno()),
+                          compiled=filters.get("zygote"))
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
-        return
-    config["roots"] = jail.readable_roots()  # without the staging folder
-    config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
-    # Made once here, for every child: the layer each one enters (no processes, threads or
-    # signals), the call state, builtins and sqlite3 connection class a verifier gets. The
-    # zygote never runs a verifier, so each child starts from a pristine copy.
-    prepared = jail.prepare(jail.JailPolicy(
-        memory_mb=None, threads=False, processes=False, new_session=False,
-        min_landlock_abi=0, require_seccomp=False))
-    global _STATE, _BUILTINS, _LockedConnection
+        return None
+    roots = jail.readable_roots()  # without the staging folder
+    config["read_roots"] = tuple(os.path.join(p, "") for p in roots)
+    config["opened"] = jail.open_roots(roots)
+    # Made once here for every child (which starts from a pristine copy: no verifier runs
+    # here): the layer it enters (its Landlock layer comes with its databases' names), the
+    # call state, builtins and sqlite3 connection class a verifier gets.
+    prepared = jail.prepare(jail.JailPolicy(**config["policies"]["child"]),
+                            compiled=filters.get("child"), landlock=False)
+    global _STATE, _BUILTINS, _LockedConnection, _HOOK
     _STATE = _CallState()
     _LockedConnection = _locked_connection_class(_STATE)
-    _BUILTINS = _safe_builtins(_STATE)
-    gc.freeze()  # what is loaded now stays out of every collection, in here and in children
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe()}).encode())
+    _BUILTINS = _safe_builtins(_STATE, _private_copies(_STATE))
+    _HOOK = _make_hook(_STATE, config["read_roots"])
+    _warm_up()
+    return have, prepared
 
+
+def _zygote(config: dict) -> None:
+    sys.path[:0] = config["sys_path"]  # only so envfarm.confined.jail loads
+    from envfarm.confined import jail
+
+    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
+    _preload()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    confined = _confine(jail, config, ctl)
+    if confined is None:
+        return
+    have, prepared = confined
+    gc.freeze()  # what is loaded now stays out of every collection, in here and in children
+    gc.disable()  # and none runs here: it would write to (and so copy) pages children share
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # set by _serve; none may end before
+    ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe()}).encode())
+    _serve(ctl, lambda fds, cpu_s: _verify_once(jail, prepared, *fds, cpu_s, config))
+
+
+def _serve(ctl: socket.socket, verify) -> None:
+    """Fork a child per job; say when each started and, when reaped, how it ended. Little
+    Python per job: whatever this process touches after a fork, it copies (children share
+    every page until then)."""
     jobs: dict[int, int] = {}  # child pid -> job id
-    while True:
-        try:
-            ready, _, _ = select.select([ctl, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
-            os.read(wake_r, 512)
-            while jobs:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                if pid in jobs:
-                    ctl.send(json.dumps({"id": jobs.pop(pid), "status": status}).encode())
-        if ctl in ready:
-            msg, fds, _, _ = socket.recv_fds(ctl, 4096, 2)
-            if not msg:
-                return  # the front is gone; the children die with us
-            job = json.loads(msg)
-            if len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                continue
-            pid = os.fork()
+    ended: dict[int, int] = {}  # reaped before its job was recorded: pid -> status
+
+    def reap(*_) -> None:  # SIGCHLD: runs between two bytecodes of the loop below
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
             if pid == 0:
-                try:
-                    _verify_once(jail, prepared, fds[0], fds[1], job["cpu_s"], config)
-                finally:
-                    os._exit(0)
+                return
+            job = jobs.pop(pid, None)
+            if job is None:
+                ended[pid] = status
+            else:
+                ctl.send(NOTE.pack(ENDED, job, status))
+
+    signal.signal(signal.SIGCHLD, reap)
+    ancillary = socket.CMSG_LEN(8)  # two fds
+    while True:
+        msg, anc, _, _ = ctl.recvmsg(JOB.size, ancillary)
+        if not msg:
+            return  # the front is gone; the children die with us
+        fds = [fd for level, kind, data in anc if level == socket.SOL_SOCKET
+               and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data)]
+        if len(msg) != JOB.size or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
-            jobs[pid] = job["id"]
-            ctl.send(json.dumps({"id": job["id"], "pid": pid}).encode())
+            continue
+        job, cpu_s = JOB.unpack(msg)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                verify(fds, cpu_s)
+            finally:
+                os._exit(0)
+        jobs[pid] = job
+        status = ended.pop(pid, None)  # it ended, and was reaped, before the line above
+        os.close(fds[0])
+        os.close(fds[1])
+        ctl.send(NOTE.pack(STARTED, job, pid))
+        if status is not None and jobs.pop(pid, None) is not None:
+            ctl.send(NOTE.pack(ENDED, job, status))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ reports (a child's pid, then its exit status) into ``Job`` events the sandbox wa
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import envfarm
 import envfarm.confined.jail
 from envfarm.pipes import wait_readable
+from judge import _sandbox_worker
 
 if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
@@ -76,12 +78,33 @@ def _can_unshare_net() -> bool:
     return False
 
 
-def _import_roots() -> list[str]:
-    """Where the zygote finds ``envfarm.confined.jail`` and ``pyseccomp`` (it runs with ``-I -S``)."""
-    import pyseccomp
+def _import_root() -> str:
+    """Where the zygote finds ``envfarm.confined.jail`` (it runs with ``-I -S``)."""
+    return str(Path(envfarm.__file__).resolve().parents[1])
 
-    return sorted({str(Path(envfarm.__file__).resolve().parents[1]),
-                   str(Path(pyseccomp.__file__).resolve().parent)})
+
+def _policies(config: SandboxConfig, stage_dir: str) -> dict[str, dict]:
+    """The zygote's jail (it may fork, nothing else; it reads the staging folder too; its uid
+    it works out itself) and the layer each child adds (no processes, threads or signals, a
+    process group of its own rather than a session: cheaper), as ``JailPolicy`` fields."""
+    strict = not config.allow_unconfined
+    return {"zygote": {"read_paths": [stage_dir], "memory_mb": config.memory_mb,
+                       "threads": False, "processes": True, "max_open_files": 256,
+                       "min_landlock_abi": 1 if strict else 0, "require_seccomp": strict},
+            "child": {"memory_mb": None, "threads": False, "processes": False,
+                      "new_session": False, "min_landlock_abi": 0, "require_seccomp": False}}
+
+
+@functools.lru_cache(maxsize=8)
+def _seccomp_filters(threads_processes: tuple[tuple[bool, bool], ...]) -> list[str]:
+    """Both seccomp programs, compiled here: the zygote never loads libseccomp (nor what
+    pyseccomp imports: ``threading`` puts an after-fork hook on every child). Only a policy's
+    ``threads`` and ``processes`` shape its filter."""
+    if not envfarm.confined.jail.support().seccomp:
+        return []
+    return [base64.b64encode(envfarm.confined.jail.seccomp_filter(
+        envfarm.confined.jail.JailPolicy(threads=threads, processes=processes), stacked=i > 0)).decode()
+        for i, (threads, processes) in enumerate(threads_processes)]
 
 
 class Job:
@@ -117,10 +140,13 @@ class Zygote:
         self.config = config
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         identity = envfarm.confined.jail.worker_identity().config() if config.drop_privileges else {}
+        policies = _policies(config, stage_dir)
+        filters = _seccomp_filters(tuple((p["threads"], p["processes"])
+                                         for p in policies.values()))
         zconf = json.dumps({
-            "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
-            "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "allow_unconfined": config.allow_unconfined, **identity})
+            "ctl_fd": theirs.fileno(), "sys_path": [_import_root()], "policies": policies,
+            "seccomp": dict(zip(policies, filters)),
+            "max_result_bytes": config.max_result_bytes, **identity})
         cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]
@@ -152,28 +178,28 @@ class Zygote:
         return str(hello.get("jail", ""))
 
     def _read(self) -> None:
+        note = _sandbox_worker.NOTE
         while True:
             try:
-                msg = self._sock.recv(4096)
+                msg = self._sock.recv(64)
             except OSError:
                 msg = b""
             if not msg:
                 break
-            try:
-                note = json.loads(msg)
-                with self._lock:  # with forget(): a pidfd is closed exactly once
-                    job = self._jobs.get(note["id"])
-                    if job is not None and "pid" in note:
-                        try:
-                            job.pidfd = os.pidfd_open(int(note["pid"]))
-                        except OSError:
-                            pass  # already gone: its reply, or its end, says the rest
-                        job.started.set()
-                    elif job is not None and "status" in note:
-                        job.status = int(note["status"])
-                        job.ended.set()
-            except (ValueError, KeyError, TypeError):
+            if len(msg) != note.size:
                 continue
+            kind, job_id, value = note.unpack(msg)
+            with self._lock:  # with forget(): a pidfd is closed exactly once
+                job = self._jobs.get(job_id)
+                if job is not None and kind == _sandbox_worker.STARTED:
+                    try:
+                        job.pidfd = os.pidfd_open(value)
+                    except OSError:
+                        pass  # already gone: its reply, or its end, says the rest
+                    job.started.set()
+                elif job is not None and kind == _sandbox_worker.ENDED:
+                    job.status = value
+                    job.ended.set()
         with self._lock:  # the zygote is gone: its children die with it (PR_SET_PDEATHSIG)
             for job in self._jobs.values():
                 job.started.set()
@@ -182,11 +208,11 @@ class Zygote:
     def start(self, cpu_s: float, req_r: int, rep_w: int) -> tuple[int, Job]:
         job = Job()
         with self._lock:
-            self._seq += 1
+            self._seq = self._seq % 0xFFFF_FFFF + 1  # a u32 on the wire
             job_id = self._seq
             self._jobs[job_id] = job
             try:
-                socket.send_fds(self._sock, [json.dumps({"id": job_id, "cpu_s": cpu_s}).encode()],
+                socket.send_fds(self._sock, [_sandbox_worker.JOB.pack(job_id, cpu_s)],
                                 [req_r, rep_w])
             except OSError:
                 del self._jobs[job_id]

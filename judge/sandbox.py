@@ -8,19 +8,19 @@ the zygote that pipe's read end and a second pipe's write end for the reply; the
 with the child's pid (this side kills it at the deadline, through a pidfd) and, later, its exit
 status. A reply is read only from the pipe made for that request, size-capped and checked for
 shape, so a verifier can answer for its own verification and no other. Nothing from a child is
-unpickled: the wire is length-prefixed JSON.
+unpickled: a reply is length-prefixed JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import fcntl
 import functools
 import json
 import marshal
 import os
 import sqlite3
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,16 +96,22 @@ class SandboxConfig(BaseModel):
 
 
 @functools.lru_cache(maxsize=256)
-def _bytecode(code: str) -> tuple[str | None, str | None]:
+def _bytecode(code: str) -> tuple[bytes | None, str | None]:
     """The verifier compiled once (a task's verifier is checked again and again) and marshalled
-    for its child: (base64 bytecode, None) or (None, syntax error). Compiling runs nothing; this
+    for its child: (bytecode, None) or (None, syntax error). Compiling runs nothing; this
     process already parses the same code to find its function."""
     try:
         with _AST_LOCK:
             compiled = compile(code, "<verifier>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return None, f"syntax error: {exc}"
-    return base64.b64encode(marshal.dumps(compiled)).decode(), None
+    return marshal.dumps(compiled), None
+
+
+def _request(fields: dict[str, Any], bytecode: bytes) -> bytes:
+    """What a child reads (see the worker's ``_recv``): lengths, fields, bytecode."""
+    head = marshal.dumps(fields)
+    return b"".join((struct.pack("!II", len(head), len(bytecode)), head, bytecode))
 
 
 _REPLY_KEYS = {True: {"ok", "result_json"}, False: {"ok", "kind", "error"}}
@@ -217,22 +223,21 @@ class VerifierSandbox:
             final_answer = json.dumps(final_answer)
         staged: list[tuple[str, bool]] = []
         try:
-            for db in (initial_db, final_db):
+            for db, keep in ((initial_db, True), (final_db, False)):
                 try:
-                    staged.append(self._stager.stage(db))
+                    staged.append(self._stager.stage(db, keep))
                 except (OSError, ValueError, sqlite3.Error) as exc:
                     return fail(VerifierErrorKind.bad_input, f"cannot stage database: {exc}")
             (initial, _), (final, _) = staged
             bytecode, syntax_error = _bytecode(code)
             if syntax_error:
                 return fail(VerifierErrorKind.syntax, syntax_error)
-            request = {
-                "bytecode": bytecode, "func": spec.function, "mode": spec.mode,
-                "takes_answer": spec.takes_answer,
+            request = _request({
+                "func": spec.function, "mode": spec.mode, "takes_answer": spec.takes_answer,
                 "initial": initial, "final": final,
                 "initial_uri": ro_uri(initial), "final_uri": ro_uri(final),
                 "final_answer": final_answer,
-            }
+            }, bytecode)
             try:
                 reply = self._call(request, timeout_s or self.config.timeout_s)
             except WorkerGone as gone:
@@ -255,10 +260,8 @@ class VerifierSandbox:
         return VerifierResult(ok=True, mode=spec.mode, function=spec.function, result=result,
                               elapsed_s=time.perf_counter() - t0)
 
-    def _call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def _call(self, frame: bytes, timeout_s: float) -> dict[str, Any]:
         """One request to one fresh child, over two pipes made for it alone."""
-        data = json.dumps(request).encode()
-        frame = len(data).to_bytes(4, "big") + data
         if len(frame) > _MAX_REQUEST:
             raise WorkerGone(VerifierErrorKind.bad_input,
                               f"verifier request too large ({len(frame)} bytes)")

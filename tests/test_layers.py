@@ -178,7 +178,7 @@ def test_no_import_runs_up_a_folder():
 @pytest.mark.parametrize(("module", "target"), [
     ("judge.core", "trainer.grpo"),                    # up a folder
     ("envfarm.farm._core", "judge"),                   # the farm is handed its judge
-    ("envfarm.cli", "cluster.compose"),                # the bottom folder composes nothing
+    ("envfarm.check", "cluster.compose"),              # the bottom folder composes nothing
     ("tests.envfarm.test_x", "benchmarks.farm.bench"), # the suite needs no benchmark
     ("cluster.local_cluster", "tests.fakes.toy_env"),  # nothing but benchmarks uses the tests
     ("benchmarks.synth.bench", "tests.synth.scripted"),  # past the fakes

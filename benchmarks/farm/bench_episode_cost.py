@@ -7,6 +7,9 @@ release; this says which of them the farm's CPU per episode goes to.
 
     unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/farm/bench_episode_cost.py'
 Raw results: benchmarks/results/episode_cost.json.
+
+``--baseline REV`` measures the verify route only, this tree's farm and REV's (its ``envfarm``
+and ``judge`` exported with ``git archive``) taking turns, one farm process per round.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import asyncio
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -75,16 +81,71 @@ async def run_round(url: str, pid: int, env: str, task: int, calls: list, n: int
                 await lease.release()
 
 
+async def verify_round(url: str, pid: int, env: str, task: int, calls: list, n: int) -> dict:
+    """The verify route alone (after each lease made the episode's changes)."""
+    async with Farm(url, transport=AiohttpTransport(url, max_connections=4 * IN_FLIGHT)) as farm:
+        held = [await farm.acquire(env, task_idx=task) for _ in range(IN_FLIGHT)]
+        try:
+            for lease in held:
+                for call in calls:
+                    await lease.call_result(call.tool, call.arguments)
+            for lease in held:  # warm: the verifier sandbox starts on the first verify
+                await lease.verify(task, "The task is done.")
+            return await measure(
+                pid, n, lambda i: held[i % IN_FLIGHT].verify(task, "The task is done."))
+        finally:
+            for lease in held:
+                await lease.release()
+
+
+def side_by_side(args: argparse.Namespace, env: str, task: int, calls: list) -> dict:
+    """The verify route, this tree against ``args.baseline``, rounds taking turns."""
+    folder = Path(tempfile.mkdtemp(prefix="envfarm-baseline-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline, "envfarm",
+                              "judge"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    roots = {"this_tree": REPO, "baseline": folder}
+    rounds: dict[str, list[dict]] = {k: [] for k in roots}
+    try:
+        for r in range(args.rounds):
+            for name in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+                proc, url = start_no_ray(warm=2 * IN_FLIGHT, verifier_workers=2, root=roots[name])
+                try:
+                    out = asyncio.run(verify_round(url, proc.pid, env, task, calls, args.n))
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=15)
+                rounds[name].append({**out, "load_avg_1m": round(os.getloadavg()[0], 2)})
+                print(name, json.dumps(rounds[name][-1]), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    median = {name: {k: sorted(r.get(k, 0.0) for r in rs)[len(rs) // 2]
+                     for k in sorted({k for r in rs for k in r})}
+              for name, rs in rounds.items()}
+    return {"baseline": args.baseline, "route": "verify", "median": median, "rounds": rounds,
+            "ratio_all": round(median["this_tree"]["all"] / median["baseline"]["all"], 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="hotel_booking_1")
     ap.add_argument("--n", type=int, default=800, help="requests per route and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=OUT)
+    ap.add_argument("--baseline", default=None,
+                    help="a commit: measure the verify route only, side by side with it")
     args = ap.parse_args()
     catalog = load_catalog()
     bundle = catalog[args.env]
     task = min(i for i in bundle.solutions if i in bundle.code_verifiers)
+    if args.baseline:
+        res = side_by_side(args, args.env, task, bundle.solutions[task])
+        res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2))
+        print(json.dumps(res["median"], indent=1), "ratio", res["ratio_all"])
+        return
     proc, url = start_no_ray(warm=2 * IN_FLIGHT, verifier_workers=2)
     try:
         rounds = [asyncio.run(run_round(url, proc.pid, args.env, task, bundle.solutions[task],

@@ -1,13 +1,16 @@
-"""Verifications/s: a fresh jailed process per verification (this tree) against the reused
-worker processes of an earlier commit, side by side, rounds alternating.
+"""What a fresh-process verification costs, this tree against an earlier commit, side by side:
+verifications/s and CPU per verification by process (the caller, the zygote, the children it
+forked and reaped) with page faults, rounds alternating between the two.
 
-    .venv/bin/python benchmarks/judge/bench_verifier_procs.py --baseline 78f61d2
+    .venv/bin/python benchmarks/judge/bench_verifier_procs.py --baseline dc3ea02
 
 The baseline's ``judge`` and ``envfarm`` packages are exported with ``git archive`` into a
 temporary folder; each round runs one implementation in its own subprocess (PYTHONPATH set to
 that tree) on the same real AWM e_commerce_33 code verifiers and databases (``--samples``, by
 default the AWM samples bench_judge.py reads). Two final-database modes: one snapshot reused
-(staged once: the process cost alone) and fresh snapshot bytes per call (what leases send).
+(the process cost alone) and fresh snapshot bytes per call (what leases send). CPU is process
+CPU time (``/proc``), not wall time, so it holds on a loaded machine better than rates do;
+faults are counted too (a copy-on-write fault is most of what a forked child costs here).
 Prints one JSON object; ``--out`` writes it.
 """
 
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,21 +29,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+ROLES = ("front_ms", "zygote_ms", "children_ms", "cpu_ms", "zygote_faults", "child_faults")
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds of this process and of ``pids`` with the children they reaped (the
-    zygote reaps every verification's child; reused workers are ``pids`` themselves)."""
+def _stat(pid: int) -> dict[str, float]:
+    """CPU seconds and minor faults of ``pid`` itself and of the children it reaped."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tck = os.sysconf("SC_CLK_TCK")
-    total = sum(os.times()[:2])
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += sum(int(x) for x in fields[11:15]) / tck
-    return total
+    return {"self": (int(fields[11]) + int(fields[12])) / tck,
+            "kids": (int(fields[13]) + int(fields[14])) / tck,
+            "faults": int(fields[7]), "kid_faults": int(fields[8])}
+
+
+def _costs(before: dict, after: dict, front_s: float, n: int) -> dict[str, float]:
+    zygote = (after["self"] - before["self"]) / n * 1e3
+    kids = (after["kids"] - before["kids"]) / n * 1e3
+    front = front_s / n * 1e3
+    return {"front_ms": front, "zygote_ms": zygote, "children_ms": kids,
+            "cpu_ms": front + zygote + kids,
+            "zygote_faults": (after["faults"] - before["faults"]) / n,
+            "child_faults": (after["kid_faults"] - before["kid_faults"]) / n}
 
 
 def _inner(args: argparse.Namespace) -> None:
-    """One implementation, in this process: print calls/s per mode."""
+    """One implementation, in this process: print rate and costs per mode."""
     sys.path.insert(0, args.root)
     from judge import (
         VerifierSandbox,  # first: bench_judge below reuses this tree's judge
@@ -61,13 +74,16 @@ def _inner(args: argparse.Namespace) -> None:
         async with VerifierSandbox(workers=args.workers) as sandbox:
             warm = await asyncio.gather(*(sandbox.run(c, initial, final) for c in codes * 3))
             assert all(r.ok for r in warm), [r.error for r in warm if not r.ok][:1]
+            (zygote,) = sandbox.pids
             for mode in ("same", "fresh"):
                 finals = fresh if mode == "fresh" else [final] * args.n
-                cpu0, t0 = _cpu_s(sandbox.pids), time.perf_counter()
+                before, front0, t0 = _stat(zygote), sum(os.times()[:2]), time.perf_counter()
                 res = await asyncio.gather(*(sandbox.run(codes[i % 3], initial, finals[i])
                                              for i in range(args.n)))
-                out[mode] = args.n / (time.perf_counter() - t0)
-                out[f"{mode}_cpu_ms"] = (_cpu_s(sandbox.pids) - cpu0) / args.n * 1e3
+                wall = time.perf_counter() - t0
+                costs = _costs(before, _stat(zygote), sum(os.times()[:2]) - front0, args.n)
+                out[f"{mode}_per_s"] = args.n / wall
+                out.update({f"{mode}_{k}": v for k, v in costs.items()})
                 assert all(r.ok for r in res), [r.error for r in res if not r.ok][:1]
         return out
 
@@ -82,9 +98,22 @@ def _export(rev: str) -> str:
     return folder
 
 
+def _round(impl: str, root: str, args: argparse.Namespace, seed: int) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--inner", "--root", root, "--n", str(args.n),
+           "--workers", str(args.workers), "--seed", str(seed)]
+    if args.samples:
+        cmd += ["--samples", args.samples]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                         env={**os.environ, "PYTHONPATH": root})
+    if out.returncode != 0:
+        sys.exit(f"{impl} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline", default="78f61d2", help="commit with reused workers")
+    parser.add_argument("--baseline", default="dc3ea02",
+                        help="commit to compare with (dc3ea02: before issue 35's cuts)")
     parser.add_argument("--n", type=int, default=600, help="verifications per mode and round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
@@ -97,40 +126,33 @@ def main() -> None:
     if args.inner:
         _inner(args)
         return
-    roots = {"fresh_process": str(ROOT), "reused_workers": _export(args.baseline)}
-    modes = ("same", "fresh", "same_cpu_ms", "fresh_cpu_ms")
-    runs: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in roots}
-    for r in range(args.rounds):
-        for impl in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-            cmd = [sys.executable, __file__, "--inner", "--root", roots[impl], "--n", str(args.n),
-                   "--workers", str(args.workers), "--seed", str(r * args.n)]
-            if args.samples:
-                cmd += ["--samples", args.samples]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                 env={**os.environ, "PYTHONPATH": roots[impl]})
-            if out.returncode != 0:
-                sys.exit(f"{impl} failed:\n{out.stderr[-3000:]}")
-            for mode, rate in json.loads(out.stdout.splitlines()[-1]).items():
-                runs[impl][mode].append(rate)
-    med = statistics.median
+    roots = {"this_tree": str(ROOT), "baseline": _export(args.baseline)}
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in roots}
+    loads = []
+    try:
+        for r in range(args.rounds):
+            for impl in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
+                loads.append(round(os.getloadavg()[0], 2))
+                runs[impl].append(_round(impl, roots[impl], args, r * args.n))
+    finally:
+        shutil.rmtree(roots["baseline"], ignore_errors=True)
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_avg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
-        "baseline": args.baseline, "workers": args.workers, "n": args.n, "rounds": args.rounds,
-        **{f"{impl}_{mode}{'' if 'cpu' in mode else '_per_s'}_median": round(med(v), 2)
-           for impl, by_mode in runs.items() for mode, v in by_mode.items()},
-        **{f"{impl}_{mode}{'' if 'cpu' in mode else '_per_s'}_rounds": [round(x, 2) for x in v]
-           for impl, by_mode in runs.items() for mode, v in by_mode.items()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+        "load_avg_1m_at_each_run": loads, "baseline": args.baseline, "workers": args.workers,
+        "n": args.n, "rounds": args.rounds,
+        "median": {impl: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
+                   for impl, rs in runs.items()},
+        "rounds_raw": {impl: [{k: round(v, 3) for k, v in r.items()} for r in rs]
+                       for impl, rs in runs.items()},
     }
+    new, old = result["median"]["this_tree"], result["median"]["baseline"]
     for mode in ("same", "fresh"):
-        new, old = runs["fresh_process"], runs["reused_workers"]
-        result[f"ratio_{mode}_per_s"] = round(med(new[mode]) / med(old[mode]), 3)
-        result[f"ratio_{mode}_cpu_ms"] = round(med(new[f"{mode}_cpu_ms"])
-                                               / med(old[f"{mode}_cpu_ms"]), 3)
-        # What the two cores could do if nothing else ran: cores / CPU per verification.
-        for impl, by_mode in runs.items():
+        result[f"ratio_{mode}_cpu_ms"] = round(new[f"{mode}_cpu_ms"] / old[f"{mode}_cpu_ms"], 3)
+        result[f"ratio_{mode}_per_s"] = round(new[f"{mode}_per_s"] / old[f"{mode}_per_s"], 3)
+        # What two cores could do if nothing else ran: 2 cores / CPU per verification.
+        for impl, med in result["median"].items():
             result[f"{impl}_{mode}_capacity_per_s_on_2_cores"] = round(
-                2000 / med(by_mode[f"{mode}_cpu_ms"]), 1)
+                2000 / med[f"{mode}_cpu_ms"], 1)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

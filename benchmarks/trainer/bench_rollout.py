@@ -218,7 +218,9 @@ def top_functions(prof: cProfile.Profile, n: int = 25) -> list[str]:
 
 
 # -- the farms ----------------------------------------------------------------------------------
-def start_no_ray(warm: int, verifier_workers: int) -> tuple[subprocess.Popen, str]:
+def start_no_ray(warm: int, verifier_workers: int, root: Path = REPO
+                 ) -> tuple[subprocess.Popen, str]:
+    """The ``--no-ray`` farm in a subprocess; ``root``: the tree it imports envfarm from."""
     from envfarm.farm import free_port
 
     port = free_port()
@@ -227,7 +229,7 @@ def start_no_ray(warm: int, verifier_workers: int) -> tuple[subprocess.Popen, st
             f"core = compose_core(FarmConfig(pool=PoolConfig(warm={warm}), "
             f"verifier_workers={verifier_workers}))\n"
             f"make_server(core, '127.0.0.1', {port}).run()\n")
-    proc = subprocess.Popen([PY, "-c", code], cwd=REPO)
+    proc = subprocess.Popen([PY, "-c", code], cwd=root)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz")
     return proc, url

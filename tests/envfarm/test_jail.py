@@ -379,6 +379,54 @@ def test_a_zygote_forks_and_its_children_tighten():
     assert not Path("/tmp/envfarm-jail-marker").exists()
 
 
+_COMPILED = _c("""
+    import json, os, sys, tempfile
+    from envfarm.confined import jail
+    folder = tempfile.mkdtemp()
+    for name in ("mine.db", "other.db"):
+        with open(os.path.join(folder, name), "w") as fh:
+            fh.write(name)
+    zpolicy = jail.JailPolicy(read_paths=(folder,), processes=True, threads=False)
+    child = jail.JailPolicy(memory_mb=None, new_session=False, threads=False)
+    zygote_filter = jail.seccomp_filter(zpolicy)
+    child_filter = jail.seccomp_filter(child, stacked=True)
+    del sys.modules["pyseccomp"]  # from here, a compiled program must be all it needs
+    sys.modules["pyseccomp"] = None
+    r, w = os.pipe()
+    jail.enter(zpolicy, keep_fds=(1, 2, r, w), compiled=zygote_filter)
+    roots = jail.open_roots(jail.readable_roots())
+    prepared = jail.prepare(child, compiled=child_filter, landlock=False)
+    nested = [a for a in jail.readable_roots() for b in jail.readable_roots()
+              if a != b and a.startswith(b + "/")]
+    pid = os.fork()
+    if pid == 0:
+        prepared.enter(keep_fds=(w, *(fd for fd, _ in roots.fds)), cpu_s=2)
+        jail.restrict_reads([os.path.join(folder, "mine.db")], roots)
+        roots.close()
+        out = {}
+        for what, fn in [("fork", os.fork), ("socket", lambda: __import__("socket").socket()),
+                         ("mine", lambda: open(os.path.join(folder, "mine.db")).read()),
+                         ("other", lambda: open(os.path.join(folder, "other.db")).read()),
+                         ("stdlib", lambda: open(json.__file__).read(10)),
+                         ("passwd", lambda: open("/etc/passwd").read())]:
+            try:
+                fn(); out[what] = "allowed"
+            except (PermissionError, RuntimeError):
+                out[what] = "denied"
+        os.write(w, json.dumps(out).encode()); os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": json.loads(os.read(r, 1000)), "nested": nested}))
+""")
+
+
+def test_a_zygote_given_compiled_filters_confines_its_children_alike():
+    """A verifier zygote loads no libseccomp: its front compiles both filters (issue 35)."""
+    got = _script(_COMPILED)
+    assert got["child"] == {"fork": "denied", "socket": "denied", "mine": "allowed",
+                            "other": "denied", "stdlib": "allowed", "passwd": "denied"}
+    assert got["nested"] == []  # a folder already grants what is in it
+
+
 _ORPHAN = _c("""
     import os, sys, time
     from envfarm.confined.jail import JailPolicy, enter

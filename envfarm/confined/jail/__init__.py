@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from envfarm.confined.jail import _identity, _imports, _landlock, _process, _seccomp
 from envfarm.confined.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
-__all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "WorkerIdentity", "enter",
-           "prepare", "readable_roots", "restrict_reads", "support", "switch_identity",
-           "uid_from_config", "worker_identity"]
+__all__ = ["JailError", "JailPolicy", "JailSupport", "OpenedRoots", "PreparedJail", "WorkerIdentity",
+           "enter", "open_roots", "prepare", "readable_roots", "restrict_reads",
+           "seccomp_filter", "support", "switch_identity", "uid_from_config", "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -101,7 +101,11 @@ def readable_roots(extra: Sequence[str] = ()) -> list[str]:
                 roots.add(path)
     out = {os.path.realpath(p) for p in roots if os.path.exists(p)}
     out.discard("/")  # a sys.path entry of "/" must not open the whole machine
-    return sorted(out)
+    kept: list[str] = []
+    for path in sorted(out):  # a folder sorts before what is in it, which it already grants
+        if not kept or not path.startswith(kept[-1] + "/"):
+            kept.append(path)
+    return kept
 
 
 _ENTERED_ROOTS: list[str] | None = None  # set by the first enter(); a fork inherits it
@@ -110,10 +114,9 @@ _ENTERED_ROOTS: list[str] | None = None  # set by the first enter(); a fork inhe
 def _single_threaded() -> bool:
     try:
         return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        import threading
-
-        return threading.active_count() == 1
+    except OSError:  # /proc out of reach (a jailed zygote's child): ask threading, if loaded
+        threading = sys.modules.get("threading")
+        return threading is None or threading.active_count() == 1
 
 
 def _check(policy: JailPolicy) -> JailSupport:
@@ -182,14 +185,26 @@ def _ruleset(roots: list[str], have: JailSupport) -> int | None:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
 
 
-def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSupport:
+def seccomp_filter(policy: JailPolicy, pid: int | None = None, *, stacked: bool = False) -> bytes:
+    """The seccomp program of ``policy``, compiled here for a process that should not load
+    libseccomp itself (a verifier zygote), to pass to its ``enter`` or ``prepare``. ``pid``: the
+    one process it may signal (None: none); ``stacked``: a layer over an earlier one (what
+    ``prepare`` makes in a jailed zygote for its children)."""
+    return _seccomp.program(pid, policy.threads, policy.processes, first=not stacked)
+
+
+def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2),
+          compiled: bytes | None = None) -> JailSupport:
     """Confine this process, irreversibly; see the module docstring. Raises ``JailError``
-    before changing anything when the kernel lacks a layer the policy needs."""
+    before changing anything when the kernel lacks a layer the policy needs. ``compiled``:
+    the policy's ``seccomp_filter``, made elsewhere."""
     global _ENTERED_ROOTS
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    bpf = _seccomp.program(os.getpid(), policy.threads, policy.processes,
-                           first=_ENTERED_ROOTS is None) if have.seccomp else None
+    bpf = None
+    if have.seccomp:
+        bpf = compiled if compiled is not None else _seccomp.program(
+            os.getpid(), policy.threads, policy.processes, first=_ENTERED_ROOTS is None)
     # Made before the uid switch: the unprivileged uid may not reach every root to name it.
     ruleset = _ruleset(roots, have)
     kept = (*keep_fds, *_pin_imports(policy), *([ruleset] if ruleset is not None else []))
@@ -221,17 +236,24 @@ class PreparedJail:
     roots: list[str]
     ruleset_fd: int | None
     bpf: bytes | None
+    #: Prepared in a jailed process (no uid to switch): see ``enter``.
+    stacked: bool = False
+    filter: _seccomp.Filter | None = None
 
     def enter(self, keep_fds: Sequence[int] = (0, 1, 2),
               cpu_s: float | None = None) -> JailSupport:
-        """Confine this (forked) process; as ``enter``, irreversible. ``cpu_s``: this child's
-        CPU limit, instead of the policy's."""
+        """Confine this process, forked from the one that prepared it (so it has one thread);
+        as ``enter``, irreversible. ``cpu_s``: this child's CPU limit, instead of the policy's.
+        A child of a jailed process inherits its empty environment, capabilities (none),
+        no_new_privs, core and file-size limits: a stacked layer sets only the rest."""
         global _ENTERED_ROOTS
-        policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
-        _check(policy)
-        kept = (*keep_fds, *_pin_imports(policy),
-                *([self.ruleset_fd] if self.ruleset_fd is not None else []))
-        _process_steps(policy, kept)
+        ruleset = [self.ruleset_fd] if self.ruleset_fd is not None else []
+        if self.stacked:
+            self._tighten((*keep_fds, *ruleset), cpu_s)
+        else:
+            policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
+            _check(policy)
+            _process_steps(policy, (*keep_fds, *_pin_imports(policy), *ruleset))
         try:
             if self.ruleset_fd is not None:
                 _landlock.restrict_self(self.ruleset_fd)
@@ -239,22 +261,41 @@ class PreparedJail:
         except OSError as exc:
             raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
         try:
-            if self.bpf is not None:
-                _seccomp.load_bpf(self.bpf)
+            if self.filter is not None:
+                self.filter.load()
         except OSError as exc:
             raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
         _ENTERED_ROOTS = self.roots
         return self.have
 
+    def _tighten(self, keep_fds: Sequence[int], cpu_s: float | None) -> None:
+        policy = self.policy
+        try:
+            _process.close_fds_except(keep_fds)
+            _process.own_session(policy.new_session)
+            _process.die_with_parent(policy.parent_pid)
+            _process.tighten_limits(policy.memory_mb, policy.cpu_s if cpu_s is None else cpu_s,
+                                    policy.max_open_files)
+        except OSError as exc:
+            raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
 
-def prepare(policy: JailPolicy) -> PreparedJail:
-    """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``)."""
+
+def prepare(policy: JailPolicy, compiled: bytes | None = None,
+            landlock: bool = True) -> PreparedJail:
+    """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``);
+    ``compiled``: its ``seccomp_filter`` (pid None), made elsewhere. ``landlock=False``: no
+    Landlock layer of its own, for children that stack theirs (``restrict_reads``) before
+    they run anything they do not trust."""
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    ruleset = _ruleset(roots, have)
-    bpf = _seccomp.program(None, policy.threads, policy.processes,
-                           first=_ENTERED_ROOTS is None) if have.seccomp else None
-    return PreparedJail(policy, have, roots, ruleset, bpf)
+    ruleset = _ruleset(roots, have) if landlock else None
+    bpf = None
+    if have.seccomp:
+        bpf = compiled if compiled is not None else _seccomp.program(
+            None, policy.threads, policy.processes, first=_ENTERED_ROOTS is None)
+    stacked = _ENTERED_ROOTS is not None and not _switches_uid(policy) and not policy.keep_imports
+    return PreparedJail(policy, have, roots, ruleset, bpf, stacked,
+                        _seccomp.Filter(bpf) if bpf is not None else None)
 
 
 def switch_identity(policy: JailPolicy) -> None:
@@ -272,14 +313,34 @@ def switch_identity(policy: JailPolicy) -> None:
         raise JailError(f"cannot switch to uid {policy.uid}: {exc}", layer="identity") from exc
 
 
-def restrict_reads(paths: Sequence[str]) -> None:
-    """Stack one more Landlock layer: from now on, reads only under ``paths`` (files or
-    folders), within what earlier layers allowed. For what a process learns late, e.g. the two
-    database files of the one verification a zygote's child runs. No-op without Landlock."""
+@dataclass(frozen=True)
+class OpenedRoots:
+    """Readable trees opened once (``open_roots``: in a zygote), so that each child's
+    ``restrict_reads`` grants them without looking their paths up again. O_PATH descriptors:
+    they read nothing themselves; a child closes them (``close``) before running anything."""
+
+    fds: tuple[tuple[int, bool], ...]  # (descriptor, is a folder)
+
+    def close(self) -> None:
+        for fd, _ in self.fds:
+            os.close(fd)
+
+
+def open_roots(paths: Sequence[str]) -> OpenedRoots:
+    """``paths`` opened for later ``restrict_reads`` calls (those that exist)."""
+    return OpenedRoots(tuple(_landlock.open_paths(paths)))
+
+
+def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> None:
+    """Stack one more Landlock layer: from now on, reads only under ``paths`` and ``opened``
+    (files or folders), within what earlier layers allowed. For what a process learns late,
+    e.g. the two database files of the one verification a zygote's child runs. No-op without
+    Landlock."""
     have = support()
     if not have.landlock_abi:
         return
     try:
-        _landlock.restrict_read_only(list(paths), have.landlock_abi)
+        _landlock.restrict_read_only(list(paths), have.landlock_abi,
+                                     opened.fds if opened is not None else ())
     except OSError as exc:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc

@@ -57,10 +57,27 @@ def handled_fs(abi: int) -> int:
     return sum(bits for since, bits in _FS_BY_ABI.items() if abi >= since)
 
 
-def read_only_ruleset(paths: list[str], abi: int) -> int:
-    """A ruleset fd: reads under ``paths`` only, no writes anywhere, no TCP bind/connect, no
-    signals or abstract unix sockets beyond the domain. It can be made once and applied, with
-    ``restrict_self``, in every child forked after (the fd is inherited)."""
+def open_paths(paths: list[str]) -> list[tuple[int, bool]]:
+    """O_PATH descriptors of ``paths`` (those that exist), each with whether it is a folder."""
+    out = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # a path that is gone grants nothing
+        try:
+            out.append((fd, stat.S_ISDIR(os.fstat(fd).st_mode)))
+        except OSError:
+            os.close(fd)
+    return out
+
+
+def read_only_ruleset(paths: list[str], abi: int,
+                      opened: tuple[tuple[int, bool], ...] = ()) -> int:
+    """A ruleset fd: reads under ``paths`` and the already ``opened`` ones only, no writes
+    anywhere, no TCP bind/connect, no signals or abstract unix sockets beyond the domain. It can
+    be made once and applied, with ``restrict_self``, in every child forked after (the fd is
+    inherited)."""
     attr = _RulesetAttr(handled_access_fs=handled_fs(abi))
     size = 8
     if abi >= 4:
@@ -72,17 +89,11 @@ def read_only_ruleset(paths: list[str], abi: int) -> int:
     ruleset = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr),
                        ctypes.c_size_t(size), ctypes.c_uint32(0))
     try:
-        for path in paths:
+        for fd, is_dir in opened:
+            _add_rule(ruleset, fd, is_dir)
+        for fd, is_dir in open_paths(paths):
             try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # a path that is gone grants nothing
-            try:
-                is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-                rule = _PathBeneathAttr(allowed_access=READ_FILE | (READ_DIR if is_dir else 0),
-                                        parent_fd=fd)
-                _syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset),
-                         ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+                _add_rule(ruleset, fd, is_dir)
             finally:
                 os.close(fd)
     except BaseException:
@@ -91,15 +102,22 @@ def read_only_ruleset(paths: list[str], abi: int) -> int:
     return ruleset
 
 
+def _add_rule(ruleset: int, fd: int, is_dir: bool) -> None:
+    rule = _PathBeneathAttr(allowed_access=READ_FILE | (READ_DIR if is_dir else 0), parent_fd=fd)
+    _syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset),
+             ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+
+
 def restrict_self(ruleset: int) -> None:
     """Apply a ruleset to this thread (and what it forks later). Needs no_new_privs already set
     and a single-threaded process."""
     _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
 
 
-def restrict_read_only(paths: list[str], abi: int) -> None:
+def restrict_read_only(paths: list[str], abi: int,
+                       opened: tuple[tuple[int, bool], ...] = ()) -> None:
     """``read_only_ruleset`` applied to this process at once."""
-    ruleset = read_only_ruleset(paths, abi)
+    ruleset = read_only_ruleset(paths, abi, opened)
     try:
         restrict_self(ruleset)
     finally:

@@ -75,6 +75,15 @@ def set_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: int,
                max_tasks: int | None = None) -> None:
     if max_tasks is not None:
         limit_tasks(max_tasks)
+    tighten_limits(memory_mb, cpu_s, max_open_files)
+    _lower(resource.RLIMIT_CORE, 0)
+    _lower(resource.RLIMIT_FSIZE, 0)
+    # A write that would grow a file fails with EFBIG instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def tighten_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: int) -> None:
+    """Memory, CPU time (from now) and open files: what a layer over a jail still sets."""
     if memory_mb is not None:
         _lower(resource.RLIMIT_AS, memory_mb << 20)
     if cpu_s is not None:
@@ -82,10 +91,6 @@ def set_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: int,
         soft = math.ceil(ru.ru_utime + ru.ru_stime + cpu_s)
         _lower(resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU, then SIGKILL a second later
     _lower(resource.RLIMIT_NOFILE, max_open_files)
-    _lower(resource.RLIMIT_CORE, 0)
-    _lower(resource.RLIMIT_FSIZE, 0)
-    # A write that would grow a file fails with EFBIG instead of killing the process.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 class _CapHeader(ctypes.Structure):

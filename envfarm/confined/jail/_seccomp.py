@@ -28,8 +28,10 @@ import os
 import platform
 import struct
 import sys
+from typing import TYPE_CHECKING
 
-import pyseccomp as sc
+if TYPE_CHECKING:
+    import pyseccomp as sc
 
 # Flags of clone(2) that make new namespaces; never allowed, even where processes are.
 _CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
@@ -92,7 +94,17 @@ ALLOWED_IOCTLS = (0x5401, 0x5413, 0x540F, 0x541B, 0x5421, 0x5450, 0x5451)
 _LOW32 = 0xFFFFFFFF
 
 
+def _libseccomp():
+    """pyseccomp, imported only to compile a filter: loading one needs it not, so a process
+    given a compiled program (a verifier zygote) never loads it, nor what it imports
+    (``ctypes.util``, ``subprocess``, ``threading``: an after-fork hook in every child)."""
+    import pyseccomp
+
+    return pyseccomp
+
+
 def _rule(flt: sc.SyscallFilter, action: int, name: str, *args: sc.Arg) -> None:
+    sc = _libseccomp()
     syscall = name
     if sc.resolve_syscall(sc.Arch.NATIVE, name) < 0:
         syscall = _BY_NUMBER.get(name)
@@ -109,6 +121,7 @@ def build(pid: int | None, threads: bool, processes: bool,
     """The filter for process ``pid`` (signals only to itself; ``None``: a filter made before
     the pid is known, which allows no signals at all). ``first=False``: a layer on top of one
     built here before (filters stack: only what tightens, or names the new pid, is needed)."""
+    sc = _libseccomp()
     flt = sc.SyscallFilter(sc.ALLOW)
     flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     for attr, value in ((sc.Attr.CTL_TSYNC, 1), (sc.Attr.CTL_OPTIMIZE, 2)):  # 2: binary tree
@@ -215,13 +228,24 @@ def to_bpf(flt: sc.SyscallFilter) -> bytes:
     return b"".join(chunks)
 
 
+class Filter:
+    """A compiled program ready to install, its buffer made once: a zygote makes it, and each
+    child it forks installs it with one prctl (no_new_privs must already be set)."""
+
+    def __init__(self, program: bytes) -> None:
+        self._buf = ctypes.create_string_buffer(program, len(program))
+        self._prog = _SockFprog(len(program) // 8, ctypes.addressof(self._buf))  # 8 B each
+        self._ref = ctypes.byref(self._prog)
+
+    def load(self) -> None:
+        if _libc.prctl(22, 2, self._ref, 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+
 def load_bpf(program: bytes) -> None:
     """Install a compiled filter on this process (no_new_privs must already be set)."""
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))  # 8 bytes per instruction
-    if _libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    Filter(program).load()
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
