@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import threading
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envfarm
 import envfarm.confined.jail
 from envfarm.pipes import wait_readable
+from envfarm.worker import WorkerLost, end_confined, spawn_confined
 from judge import _sandbox_worker
 
 if TYPE_CHECKING:
@@ -32,28 +32,6 @@ if TYPE_CHECKING:
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 log = logging.getLogger("judge.sandbox")
-
-
-class VerifierErrorKind(str, Enum):
-    """Why a verifier gave no result."""
-
-    syntax = "syntax"
-    no_function = "no_function"
-    raised = "raised"
-    timeout = "timeout"
-    cpu = "cpu"
-    memory = "memory"
-    forbidden = "forbidden"
-    bad_return = "bad_return"
-    crashed = "crashed"
-    bad_input = "bad_input"
-
-
-class WorkerGone(Exception):
-    def __init__(self, kind: VerifierErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,10 +129,8 @@ class Zygote:
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]
         try:
-            self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True, cwd="/")
+            self.proc = spawn_confined(cmd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                       pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         self._jobs: dict[int, Job] = {}
@@ -174,7 +150,7 @@ class Zygote:
         if not hello.get("ready"):
             self.kill()
             why = hello.get("error") or ("did not start in time" if not ready else "exited")
-            raise WorkerGone(VerifierErrorKind.crashed, f"verifier zygote: {why}")
+            raise WorkerLost(f"verifier zygote: {why}")
         return str(hello.get("jail", ""))
 
     def _read(self) -> None:
@@ -216,7 +192,7 @@ class Zygote:
                                 [req_r, rep_w])
             except OSError:
                 del self._jobs[job_id]
-                raise WorkerGone(VerifierErrorKind.crashed, "verifier zygote is gone") from None
+                raise WorkerLost("verifier zygote is gone") from None
         return job_id, job
 
     def forget(self, job_id: int) -> None:
@@ -229,29 +205,5 @@ class Zygote:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        end_confined(self.proc, group=True)  # the zygote and every child of its group
         self._sock.close()
-
-
-def gone_for(status: int | None) -> WorkerGone:
-    """What a child's exit status means when it sent no reply."""
-    if status is None:
-        return WorkerGone(VerifierErrorKind.crashed, "verifier process ended without a reply")
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig == signal.SIGXCPU:
-            return WorkerGone(VerifierErrorKind.cpu, "cpu time limit exceeded")
-        if sig == signal.SIGKILL:
-            return WorkerGone(VerifierErrorKind.memory, "verifier process killed (memory?)")
-        return WorkerGone(VerifierErrorKind.crashed,
-                           f"verifier process crashed ({signal.Signals(sig).name})")
-    return WorkerGone(VerifierErrorKind.crashed,
-                       f"verifier process exited with status {os.WEXITSTATUS(status)}")

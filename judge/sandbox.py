@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import signal
 import functools
 import json
 import marshal
@@ -24,6 +25,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,12 +33,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from envfarm.confined.hostcode import host_finalizer
 from envfarm.errors import VerifierError
 from envfarm.pipes import read_exact
+from envfarm.worker import WorkerLost, exit_reason
 from judge._staging import DbInput, Stager, ro_uri
 from judge._verifier_code import _AST_LOCK, Mode, detect
-from judge._zygote import VerifierErrorKind, WorkerGone, Zygote, gone_for
+from judge._zygote import Zygote
 
 _F_SETPIPE_SZ = 1031
 _MAX_REQUEST = 1 << 20  # the default pipe-max-size: a request fits its pipe, no writer blocks
+
+
+class VerifierErrorKind(str, Enum):
+    """Why a verifier gave no result."""
+
+    syntax = "syntax"
+    no_function = "no_function"
+    raised = "raised"
+    timeout = "timeout"
+    cpu = "cpu"
+    memory = "memory"
+    forbidden = "forbidden"
+    bad_return = "bad_return"
+    crashed = "crashed"
+    bad_input = "bad_input"
 
 
 class VerifierResult(BaseModel):
@@ -123,7 +141,17 @@ def _check_reply(reply: object) -> dict[str, Any]:
             and set(reply) == _REPLY_KEYS[reply["ok"]]
             and all(isinstance(reply[k], str) for k in reply if k != "ok")):
         return reply
-    raise WorkerGone(VerifierErrorKind.crashed, "verifier process sent a malformed reply")
+    raise WorkerLost("verifier process sent a malformed reply", kind=VerifierErrorKind.crashed)
+
+
+def gone_for(status: int | None) -> WorkerLost:
+    """What a child's wait status means when it sent no reply."""
+    if status is None:
+        return WorkerLost("verifier process ended without a reply", kind=VerifierErrorKind.crashed)
+    code = os.waitstatus_to_exitcode(status)
+    kind = {-signal.SIGXCPU: VerifierErrorKind.cpu,
+            -signal.SIGKILL: VerifierErrorKind.memory}.get(code, VerifierErrorKind.crashed)
+    return WorkerLost(f"verifier process: {exit_reason(code)}", kind=kind)
 
 
 def _shutdown(zygotes: list[Zygote], stager: Stager) -> None:
@@ -153,7 +181,7 @@ class VerifierSandbox:
         self._finalizer = host_finalizer(self, _shutdown, self._zygotes, self._stager)
         try:
             self._zygote()
-        except WorkerGone:
+        except WorkerLost:
             pass  # reported, typed, by each call until it starts
 
     def _zygote(self) -> Zygote:
@@ -240,8 +268,8 @@ class VerifierSandbox:
             }, bytecode)
             try:
                 reply = self._call(request, timeout_s or self.config.timeout_s)
-            except WorkerGone as gone:
-                return fail(gone.kind, gone.message)
+            except WorkerLost as gone:
+                return fail(VerifierErrorKind(gone.kind or VerifierErrorKind.crashed), gone.reason)
         finally:
             for path, cached in staged:
                 self._stager.release(path, cached)
@@ -263,8 +291,8 @@ class VerifierSandbox:
     def _call(self, frame: bytes, timeout_s: float) -> dict[str, Any]:
         """One request to one fresh child, over two pipes made for it alone."""
         if len(frame) > _MAX_REQUEST:
-            raise WorkerGone(VerifierErrorKind.bad_input,
-                              f"verifier request too large ({len(frame)} bytes)")
+            raise WorkerLost(f"verifier request too large ({len(frame)} bytes)",
+                             kind=VerifierErrorKind.bad_input)
         zygote = self._zygote()
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
@@ -292,21 +320,21 @@ class VerifierSandbox:
                 size = int.from_bytes(read_exact(rep_r, 4, deadline), "big")
                 if size > self.config.max_result_bytes + (1 << 16):
                     job.kill()
-                    raise WorkerGone(VerifierErrorKind.crashed,
-                                      "verifier process sent an oversized reply")
+                    raise WorkerLost("verifier process sent an oversized reply",
+                                     kind=VerifierErrorKind.crashed)
                 raw = read_exact(rep_r, size, deadline)
             except TimeoutError:
                 job.kill()
-                raise WorkerGone(VerifierErrorKind.timeout,
-                                  f"timeout after {timeout_s:g} s") from None
+                raise WorkerLost(f"timeout after {timeout_s:g} s",
+                                 kind=VerifierErrorKind.timeout) from None
             except EOFError:
                 job.ended.wait(2.0)
                 raise gone_for(job.status) from None
             try:
                 return _check_reply(json.loads(raw))
             except ValueError:
-                raise WorkerGone(VerifierErrorKind.crashed,
-                                  "verifier process sent an unreadable reply") from None
+                raise WorkerLost("verifier process sent an unreadable reply",
+                                 kind=VerifierErrorKind.crashed) from None
         finally:
             os.close(rep_r)
             job.kill()  # it replied or failed: nothing it does after that may run on

@@ -26,8 +26,9 @@ from envfarm.models import EnvBundle, ToolSpec
 from envfarm.wire import PoolStats
 from envfarm.worker._committed import Template
 from envfarm.worker._instance import RemoteInstance
-from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
+from envfarm.worker._process import WorkerProcess, WorkerStartError
 from envfarm.worker._spares import SpareWorkers
+from envfarm.worker._spawn import WorkerLost
 from envfarm.worker._watch import CpuWatch
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"

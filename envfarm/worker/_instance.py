@@ -24,7 +24,8 @@ from envfarm.confined import frames
 from envfarm.errors import EnvLoadError
 from envfarm.models import CallResult, ToolSpec
 from envfarm.worker._committed import CommittedState, Template
-from envfarm.worker._process import ANSWERED, GUILTY, SUSPECT, WorkerLost, WorkerProcess
+from envfarm.worker._process import ANSWERED, GUILTY, SUSPECT, WorkerProcess
+from envfarm.worker._spawn import WorkerLost
 
 if TYPE_CHECKING:
     from envfarm.worker._env import WorkerEnv

@@ -22,21 +22,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from envfarm.confined import frames
 from envfarm.confined.hostcode import host_finalizer
+from envfarm.worker._spawn import WorkerLost, end_confined, exit_reason, spawn_confined
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
 MAX_PENDING_WRITE = 64 << 20
 #: Requests whose caller went away, remembered so their late answers are not taken for forgeries.
 MAX_ABANDONED = 100_000
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
-#: Workers die with the *thread* that spawned them (PR_SET_PDEATHSIG): spawn them all from one
-#: thread that lives as long as the process, whichever thread asks.
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfarm-spawner")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 #: Verdicts on a request that was in flight when its worker was lost.
@@ -44,17 +41,6 @@ GUILTY, INNOCENT, SUSPECT = "guilty", "innocent", "suspect"
 #: ``kill(guilty=ANSWERED)``: the guilty request was answered already (its answer failed the
 #: front's checks after it was read): every request still in flight is innocent.
 ANSWERED = 0
-
-
-class WorkerLost(Exception):
-    """The worker is gone; ``reason`` says why. ``verdict``: for a request in flight then,
-    whether its answer broke the rules (``GUILTY``), another's did (``INNOCENT``) or nobody can
-    tell (``SUSPECT``: a crash, a missed deadline); None for a request sent after."""
-
-    def __init__(self, reason: str, verdict: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.verdict = verdict
 
 
 class WorkerStartError(Exception):
@@ -77,42 +63,11 @@ class _Flight:
         self.deadline = deadline
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Kill, reap, close the pipes (once: the front never hands them to a loop transport)."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    for pipe in (proc.stdin, proc.stdout):
-        try:
-            pipe.close()
-        except OSError:
-            pass
-
-
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else code
-        if code == -signal.SIGKILL:
-            return "killed by SIGKILL (memory or CPU limit, or the kernel)"
-        if code == -signal.SIGXCPU:
-            return "CPU time limit exceeded (SIGXCPU)"
-        return f"crashed ({name})"
-    return f"exited with status {code}"
 
 
 class WorkerProcess:
@@ -124,14 +79,12 @@ class WorkerProcess:
         self.index = next(WorkerProcess._ids)
         cmd = [sys.executable, "-s", "-B", "-m", "envfarm.confined",
                json.dumps(config)]
-        self.proc = _SPAWNER.submit(
-            subprocess.Popen, cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=None if stderr else subprocess.DEVNULL,
-            env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            close_fds=True, start_new_session=True, cwd="/").result()
+        self.proc = spawn_confined(
+            cmd, env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            pipes=True, stderr=stderr)
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
-        self._reaper = host_finalizer(self, _end, self.proc)
+        self._reaper = host_finalizer(self, end_confined, self.proc)
         self.jail: str | None = None
         self.lost: str | None = None
         self.leases = 0  # instances the front has placed here and not dropped
@@ -152,7 +105,7 @@ class WorkerProcess:
         #: uvloop's close a pipe's fd (libuv) and then the pipe object given them, the same fd
         #: number twice; a descriptor another thread opened in between (a verifier's reply
         #: pipe) was closed under it (verify read EBADF under load). The fds are this object's
-        #: alone, closed once, by ``_end``.
+        #: alone, closed once, by ``end_confined``.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._frames_in = frames.ReplyReader(self._admit, self._on_reply)
         self._unsent = bytearray()  # what the pipe did not take yet
@@ -193,7 +146,7 @@ class WorkerProcess:
 
     def _exit_reason_now(self) -> str:
         try:
-            return _exit_reason(self.proc.wait(timeout=2))
+            return exit_reason(self.proc.wait(timeout=2))
         except subprocess.TimeoutExpired:
             return "stopped answering"
 
@@ -390,7 +343,7 @@ class WorkerProcess:
                     code = self.proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     code = None
-            self._mark_lost(_exit_reason(code))
+            self._mark_lost(exit_reason(code))
         self.kill(self.lost)
 
     def _mark_lost(self, reason: str, guilty: int | None = None) -> None:
