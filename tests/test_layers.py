@@ -1,9 +1,10 @@
 """The packages are layered one way, read from the source (every import, lazy ones included):
 
-    contracts < runtime < farm | client < judge < synth < trainer < compose/serve < cli
+    contracts < confined < runtime < farm | client < judge < synth < trainer < compose/serve < cli
 
-A module imports only from its own layer group or the ones below; the farm and the client (one
-layer, two groups) know nothing of each other; a private module (``x._y``) is imported only from
+A module imports only from its own layer group or the ones below; what runs confined (the code
+of a process where generated code executes) knows nothing of the front that supervises it; the
+farm and the client (one layer, two groups) know nothing of each other; a private module (``x._y``) is imported only from
 inside the package ``x``; nothing imports the command line. The SDK's weight is checked by
 importing it with the server side blocked.
 
@@ -29,14 +30,16 @@ PACKAGES = ("envfarm", "judge", "synth", "trainer", "cluster")
 #: (group, rank, module prefixes); the longest matching prefix places a module.
 LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
     ("contracts", 0, ("envfarm.errors", "envfarm.models", "envfarm.wire", "envfarm.verdict")),
-    ("runtime", 1, ("envfarm", "envfarm.catalog", "envfarm.llm", "envfarm.check")),
-    ("farm", 2, ("envfarm.farm",)),
-    ("client", 2, ("envfarm.client",)),
-    ("judge", 3, ("judge",)),
-    ("synth", 4, ("synth",)),
-    ("trainer", 5, ("trainer",)),
-    ("compose", 6, ("cluster",)),
-    ("cli", 7, ("cluster.cli", "cluster.cli_envs", "cluster.cli_farm", "cluster.cli_hacks",
+    ("plumbing", 0, ("envfarm.asgi", "envfarm.pipes")),
+    ("confined", 1, ("envfarm.confined",)),
+    ("runtime", 2, ("envfarm", "envfarm.worker", "envfarm.catalog", "envfarm.llm", "envfarm.check")),
+    ("farm", 3, ("envfarm.farm",)),
+    ("client", 3, ("envfarm.client",)),
+    ("judge", 4, ("judge",)),
+    ("synth", 5, ("synth",)),
+    ("trainer", 6, ("trainer",)),
+    ("compose", 7, ("cluster",)),
+    ("cli", 8, ("cluster.cli", "cluster.cli_envs", "cluster.cli_farm", "cluster.cli_hacks",
                 "cluster.cli_train", "cluster.gpu_check")),
 ]
 
@@ -109,6 +112,7 @@ def test_every_import_points_down():
 
 @pytest.mark.parametrize(("module", "target", "names"), [
     ("envfarm.farm._core", "judge", ["Judge"]),            # the farm is handed its verifier
+    ("envfarm.confined.env_worker", "envfarm.worker", ["WorkerLost"]),  # confined: no front
     ("judge.core", "synth.llm", ["LLMClient"]),             # upward
     ("envfarm.client._client", "envfarm.farm", ["Lease"]),  # sideways: the SDK is light
     ("synth.stages.env", "cluster.cli", ["app"]),           # nothing imports the CLI
