@@ -1,6 +1,6 @@
 """envfarm: serve SQLite-backed tool-use environments to RL trainers.
 
-The runtime (this package minus ``cluster.serve``) imports nothing from Ray. Names below load on
+Nothing in this package imports Ray (the Serve shell is ``cluster.serve``). Names below load on
 first use (PEP 562), so ``import envfarm.errors`` or the SDK does not pull in the runtime.
 """
 

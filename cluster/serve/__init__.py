@@ -1,6 +1,7 @@
 """The Ray Serve shell of the farm: deployments, owner routing, app builder, runner.
 
-The only part of envfarm that imports Ray.
+The only part of the farm that imports Ray (``envfarm/`` imports none of it: a test reads every
+import).
 """
 
 from cluster.serve._build import AppPlan, applications, plan
