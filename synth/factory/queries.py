@@ -58,13 +58,15 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 
 async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                         seed: int = 0, tries: int = 5) -> tuple[Episode, Candidate | None]:
+                         seed: int = 0, tries: int = 5, writer: Any = None) -> tuple[Episode, Candidate | None]:
     """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
     A chain whose calls fail with the values drawn is run again with other draws (``tries`` in
     all, each avoiding the values that failed): a cancelled reservation cannot be cancelled, another
     one can; then twice more with optional parameters filled too (``execute_drawing``).
+    ``writer``: what writes the request instead of QueryGen on ``llm`` (an object with QueryGen's
+    ``write_query`` as its ``write`` method, e.g. ``synth.factory.template_writer.TemplateWriter``).
     """
     last = (await execute_drawing(runtime, chain, columns, seed, tries=tries))[-1]
     ex = last.executed
@@ -87,7 +89,9 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     code = verifier_code(expected)
     final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
     stats = QueryStats()
-    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats)
+    tools = [t.name for t in runtime.tools]
+    plan, turn_calls, why = await (writer.write(chain.env, ex, tools, answer, stats) if writer is not None
+                                   else write_query(llm, chain.env, ex, tools, answer, stats))
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
     if plan is None:
         return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None

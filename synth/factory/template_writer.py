@@ -1,0 +1,75 @@
+"""A deterministic request writer for executed chains, where no LLM is at hand: a TEMPLATE, not QueryGen.
+
+QueryGen (``synth.factory.querygen``) has an LLM write what a user would type: implicit intent, no
+tool names, no internal ids. Without an LLM, this writer states the chain explicitly, one sentence
+per call: the tool's own one-line summary from the env's API spec, then every argument the call
+was given, by parameter name, in call order::
+
+    Temporarily lock a card: card_id 3. Transfer money: from_account_id 1, to_account_id 2, amount 50.0.
+
+An agent can do what it says without guessing (every value it needs is in the text, ids included:
+this writer is explicit by design), and cannot learn it by heart (the values change from draw to
+draw). It never names a tool; a summary that would (the whole snake_case name) is refused like
+QueryGen's ``names_tool``. Anything built on it says so: its requests are labelled ``WRITER`` in
+every record and figure, and they are not evidence of how a model handles a real user's request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from synth.factory.execute import Executed
+from synth.factory.querygen import QueryPlan, QueryStats, leak
+
+#: the label every record, report and figure built on these requests carries
+WRITER = "template writer (no LLM)"
+
+
+def value_text(value: Any) -> str:
+    """A value as the request states it: JSON, so a string keeps its quotes and a number its form."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def step_sentence(summary: str, arguments: dict[str, Any]) -> str:
+    """One call as a sentence: ``Summary: name value, name value.`` (``Summary.`` without arguments)."""
+    head = summary.strip().rstrip(".") or "Do the next step"
+    if not arguments:
+        return f"{head}."
+    return f"{head}: " + ", ".join(f"{k} {value_text(v)}" for k, v in arguments.items()) + "."
+
+
+class TemplateWriter:
+    """Writes each executed chain's request from a template (module doc); the same chain and
+    values always give the same text."""
+
+    label = WRITER
+
+    def __init__(self, summaries: dict[str, str]) -> None:
+        #: tool -> the one-line summary the request uses for it
+        self.summaries = summaries
+
+    @classmethod
+    def for_tools(cls, tools: list[Any]) -> TemplateWriter:
+        """From an env's tool specs (the first line of each description)."""
+        return cls({t.name: (t.description or t.name).strip().split("\n", 1)[0] for t in tools})
+
+    def message(self, ex: Executed) -> str:
+        return " ".join(step_sentence(self.summaries.get(c.tool, c.tool), c.arguments) for c in ex.calls)
+
+    async def write(self, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
+                    stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
+        """What ``synth.factory.querygen.write_query`` returns, without an LLM: ``(plan, [calls], "")``,
+        or ``(None, [calls], "names_tool")`` when a summary names a tool."""
+        text = self.message(ex)
+        if answer is not None:
+            text += f" Then tell me the {answer[0].rsplit('.', 1)[-1].strip('[]').replace('_', ' ')}."
+        turns = [len(ex.calls)]
+        why = leak([text], tools, set())  # the ids are stated on purpose: only tool names are refused
+        if why:
+            setattr(stats, why, getattr(stats, why) + 1)
+            return None, turns, why
+        plan = QueryPlan(profile=f"A user of {env} ({WRITER}).", scenario="They ask for each step explicitly.",
+                         turns=[{"subgoals": [self.summaries.get(c.tool, c.tool) for c in ex.calls],
+                                 "goal": text, "message": text}])
+        return plan, turns, ""
