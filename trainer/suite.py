@@ -8,7 +8,8 @@ train and held-out tasks by unseen values and unseen chains (never by env).
 Per env, EnvFactory's pipeline without an LLM: the tool graph (name matches), ``chains`` sampled
 chains, each executed with ``draws`` value draws (``synth.factory.execute``), the request of each
 written by ``synth.factory.template_writer`` (a TEMPLATE: every figure built on the suite says so),
-its verifier templated from the end state, then the acceptance gate (:data:`Gate`, pluggable): the
+its verifiers templated from the end state (code mode, and sql mode for the LLM judge), then the
+acceptance gate (:data:`Gate`, pluggable): the
 reference replayed passes, a no-op does not, a no-op with plausible wrong answers does not, and the
 reference played through the agent loop and a farm passes. The accepted tasks are appended to a copy
 of the env (``synth.factory.export``).
@@ -46,6 +47,8 @@ class SuiteConfig(BaseModel):
     max_len: int = Field(default=4, ge=2, description="longest chain (calls)")
     draws: int = Field(default=3, ge=1, description="value draws per chain (each one task)")
     seed: int = 0
+    sql_verifiers: bool = Field(default=True, description="also an sql-mode verifier per task (facts "
+                                "for the LLM judge: the llm reward path reads them)")
     read_only: bool = Field(default=False, description="keep chains that change nothing (their "
                             "verifier checks the answer only; off: see the module doc of suite)")
     heldout_chains: float = Field(default=0.15, ge=0, lt=1, description="share of each env's chains "
@@ -181,7 +184,7 @@ async def _env_episodes(cfg: SuiteConfig, bundle: Any, sandbox: Any, gate: Gate 
     for chain in chains:
         for draw in range(cfg.draws):
             episode, candidate = await make_candidate(runtime, chain, columns, None, sandbox, seed=draw,
-                                                      writer=writer)
+                                                      writer=writer, sql=cfg.sql_verifiers)
             key = json.dumps([[c.tool, c.arguments] for c in episode.calls], sort_keys=True, default=str)
             if candidate is None or key in seen:
                 drops[episode.reason or "same_values"] += 1

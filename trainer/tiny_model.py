@@ -106,8 +106,9 @@ def train_tokenizer(texts: list[str], vocab_size: int, *, split_digits: bool = F
 
     tok = Tokenizer(models.BPE())
     steps = []
-    if identifiers:  # GPT-2's split, with "_" a letter and digits one each
-        steps.append(pre_tokenizers.Split(Regex(r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}_]+| ?\p{N}"
+    if identifiers:  # GPT-2's split with "_" a letter (and, split_digits, one digit a word)
+        digits = r" ?\p{N}" if split_digits else r" ?\p{N}+"
+        steps.append(pre_tokenizers.Split(Regex(r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}_]+|" + digits +
                                                 r"| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+"), "isolated"))
     elif split_digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))

@@ -35,6 +35,7 @@ from synth.factory.graph import factory_dir
 from synth.factory.model import Chain, Episode, task_text
 from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, catalog_envs
+from synth.factory.sql_verifier import sql_verifier_code
 from synth.factory.verifier import (
     checks_something,
     expected_state,
@@ -58,7 +59,8 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 
 async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
-                         seed: int = 0, tries: int = 5, writer: Any = None) -> tuple[Episode, Candidate | None]:
+                         seed: int = 0, tries: int = 5, writer: Any = None,
+                         sql: bool = False) -> tuple[Episode, Candidate | None]:
     """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
@@ -67,6 +69,7 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     one can; then twice more with optional parameters filled too (``execute_drawing``).
     ``writer``: what writes the request instead of QueryGen on ``llm`` (an object with QueryGen's
     ``write_query`` as its ``write`` method, e.g. ``synth.factory.template_writer.TemplateWriter``).
+    ``sql``: also template an sql-mode verifier (facts for the LLM judge), checked with the replay.
     """
     last = (await execute_drawing(runtime, chain, columns, seed, tries=tries))[-1]
     ex = last.executed
@@ -87,6 +90,7 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     if not checks_something(expected):
         return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs"), None
     code = verifier_code(expected)
+    sql_code = sql_verifier_code(expected) if sql else ""
     final_answer = f"The {answer[0].rsplit('.', 1)[-1].strip('[]')} is {answer[1]}." if answer else None
     stats = QueryStats()
     tools = [t.name for t in runtime.tools]
@@ -96,9 +100,11 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     if plan is None:
         return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer), None
     calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
-    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer)
+    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer,
+                                 sql_verifier=sql_code or None)
     episode = _episode(ex, usage=usage, messages=[t.message for t in plan.turns], turn_calls=turn_calls,
-                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer)
+                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer,
+                       sql_verifier_code=sql_code)
     if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
         return episode, None
