@@ -13,7 +13,7 @@ Run it (inside a private network namespace: every port is on loopback only):
         --workers 3 --envs hotel_booking_1 --run "curl -s $ENVFARM_INGRESS_0/envs"'
 
 Without ``--run`` it prints every node's ingress and holds the cluster until Ctrl-C. The pytest
-fixture of tests/envfarm/serve/test_multinode.py and benchmarks/bench_multinode.py use the same
+fixture of tests/envfarm/serve/test_multinode.py and benchmarks/serve/bench_multinode.py use the same
 functions.
 """
 

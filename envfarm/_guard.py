@@ -2,7 +2,7 @@
 audit hook, and the timeout watchdog. Process-wide patches live in ``_confine``, SQLite's
 authorizer in ``_sqlite_guard``.
 
-Threat model (also in the README): env code is untrusted LLM output, buggy and sometimes
+Threat model (docs/security.md): env code is untrusted LLM output, buggy and sometimes
 careless with the host (reads a file, spawns a thread, ATTACHes a database, calls sys.exit). The
 guard refuses those, wherever the env code runs: the call's own coroutine steps, tasks it spawns,
 and FastAPI's worker threads for sync handlers. It is not a security boundary against

@@ -79,8 +79,10 @@ class LocalFarm:
     """A ``--no-ray`` farm on a background thread (demo, tests, benchmarks)."""
 
     def __init__(self, config: FarmConfig, host: str = "127.0.0.1", port: int = 0,
-                 catalog: Catalog | None = None, reward: RewardConfig | None = None) -> None:
-        self.core = compose_core(config, catalog=catalog, reward=reward)
+                 catalog: Catalog | None = None, reward: RewardConfig | None = None,
+                 runtimes: dict[str, EnvRuntime] | None = None) -> None:
+        """``runtimes``: envs compiled already in this process (served in-process)."""
+        self.core = compose_core(config, catalog=catalog, reward=reward, runtimes=runtimes)
         self.host = host
         self.port = port or free_port(host)
         self.server = make_server(self.core, host, self.port)

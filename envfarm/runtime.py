@@ -37,6 +37,23 @@ SPAWNED_TASK_GRACE_S = 0.2
 _HEADER_FIELDS = ("PRAGMA schema_version", "PRAGMA user_version", "PRAGMA application_id")
 
 
+#: ``Instance._saved``'s key of state restored from bytes whose key is not read yet.
+_UNREAD = object()
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_image(data: bytes) -> None:
+    """``sqlite3.DatabaseError`` unless ``data`` looks like a whole SQLite database image: the
+    magic, a valid page size, whole pages."""
+    if len(data) < 100 or not data.startswith(_SQLITE_MAGIC):
+        raise sqlite3.DatabaseError("not a SQLite database image")
+    page = int.from_bytes(data[16:18], "big")
+    page = 65536 if page == 1 else page
+    if page < 512 or page & (page - 1) or len(data) % page:
+        raise sqlite3.DatabaseError(f"not a whole SQLite database image (page size {page}, "
+                                    f"{len(data)} bytes)")
+
+
 class EnvRuntime:
     """One environment, loaded once per process."""
 
@@ -115,7 +132,7 @@ class Instance:
         #: Only this instance's own calls (and the host) run statements on its connection.
         self.fence = _sqlite_guard.Fence(self.conn)
         if data is not self.runtime.template.data:
-            key = self._state_key()
+            key = _UNREAD  # read at the first call, before which nothing writes (a fork's)
         else:  # the same for every fresh copy: nothing written yet, same header
             if self.runtime.template_state_key is None:
                 self.runtime.template_state_key = self._state_key()
@@ -135,13 +152,23 @@ class Instance:
         written since it was taken: most tool calls only read, and ``serialize`` copies the
         whole database (~100 µs for 260 KB in a call's flow; linear in its size)."""
         key = self._state_key()
-        if self._saved is None or self._saved[0] != key:
+        if self._saved is not None and self._saved[0] is _UNREAD:
+            self._saved = (key, self._saved[1])  # opened from these bytes; no call ran since
+        elif self._saved is None or self._saved[0] != key:
             self._saved = (key, self.conn.serialize())
         return self._saved[1]
 
     def snapshot(self) -> bytes:
         """The current state as SQLite database bytes."""
         return self.conn.serialize()
+
+    def restore(self, data: bytes) -> None:
+        """Take the state of ``data`` (another instance's ``snapshot``: a fork); a later
+        ``reset`` still goes back to the template. ``sqlite3.DatabaseError`` if ``data`` is
+        not a database image (checked from its header: the cost of a reset, not of reading the
+        schema, which its first call pays as a reset instance's does)."""
+        _check_image(data)
+        self._restore(data)
 
     def initial_snapshot(self) -> bytes:
         return self.runtime.template.data
@@ -198,7 +225,11 @@ class Instance:
         return op, op.build_request(arguments)
 
     async def _call_locked(self, op: Operation, request: tuple, started: float) -> CallResult:
-        before = self._rollback_point()
+        try:
+            before = self._rollback_point()
+        except sqlite3.DatabaseError as exc:  # a restored image SQLite cannot read
+            return _failed("env_error", f"the instance's database cannot be read: {exc}", None,
+                           started)
         fence = self.fence
         guard = _guard.CallGuard(self.runtime.call_timeout_s, self.conn, fence)
         _guard.track_tasks(asyncio.get_running_loop())

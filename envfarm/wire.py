@@ -29,6 +29,7 @@ __all__ = [
     "EnvDetail",
     "EnvSummary",
     "ErrorBody",
+    "ForkRequest",
     "Health",
     "LeaseBatchRequest",
     "LeaseInfo",
@@ -189,6 +190,20 @@ class LeaseInfo(_Wire):
     mcp_url: str = Field(description="Path of the lease's MCP endpoint (streamable HTTP).")
     task_idx: int | None = None
     task: str | None = Field(default=None, description="The task text, when bound to one.")
+    forked_from: str | None = Field(default=None, description=(
+        "The lease this one is a fork of: it began with that lease's state and steps."))
+
+
+class ForkRequest(_Wire):
+    """Body of ``POST …/leases/{id}/fork``: a new lease of the same tenant and task whose
+    database is this lease's state now."""
+
+    ttl_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600,
+                                description="Lifetime of the fork; the farm's default when "
+                                            "omitted.")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200,
+                                        description="Retrying with the same key returns the "
+                                                    "same fork instead of a second one.")
 
 
 class LeaseBatchRequest(LeaseRequest):

@@ -2,10 +2,10 @@
 
 Started by ``judge.sandbox.VerifierSandbox`` as ``python -I -S -B _sandbox_worker.py CONFIG``
 with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads the standard-library
-modules verifiers may use and ``envfarm.jail`` (nothing else of the project), drops to an
-unprivileged uid when started as root, and enters the kernel jail (``processes=True``: it may
-fork, nothing else). Then, per verification, the front sends two pipe ends (SCM_RIGHTS): the
-request to read, the reply to write. The zygote forks a child and tells the front its pid (the
+modules verifiers may use and ``envfarm.jail`` (nothing else of the project), and enters the
+kernel jail (``processes=True``: it may fork, nothing else), switching to an unprivileged uid of
+its own when started as root. Then, per verification, the front sends two pipe ends
+(SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child and tells the front its pid (the
 front kills it at the deadline) and, later, how it ended. It never reads a request itself.
 
 The child tightens the jail (no new processes or threads, its own CPU limit, its own process
@@ -351,18 +351,15 @@ def _zygote(config: dict) -> None:
     time.strptime("2024-01-01", "%Y-%m-%d")  # warms _strptime's lazy state
     "x".encode("latin-1").decode("ascii")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    uid = config.get("uid")
-    if uid is not None and os.geteuid() == 0:
-        # Everything is loaded: from here on nothing can read files only root may read.
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
     strict = not config["allow_unconfined"]
     try:
+        # Everything is loaded: started as root, it switches to a uid of its own in there, and
+        # from then on nothing can read (or change) what only root may.
         have = jail.enter(jail.JailPolicy(
             read_paths=(config["stage_dir"],), memory_mb=config["memory_mb"], threads=False,
             processes=True, max_open_files=256, min_landlock_abi=1 if strict else 0,
-            require_seccomp=strict), keep_fds=(0, 1, 2, ctl.fileno()))
+            require_seccomp=strict, uid=jail.uid_from_config(config)),
+            keep_fds=(0, 1, 2, ctl.fileno()))
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
         return

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envfarm
+import envfarm.jail
+from envfarm.pipes import wait_readable
 
 if TYPE_CHECKING:
     from judge.sandbox import SandboxConfig
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
-_NOBODY = 65534
+log = logging.getLogger("judge.sandbox")
 
 
 class VerifierErrorKind(str, Enum):
@@ -54,13 +56,24 @@ class WorkerGone(Exception):
 
 @functools.lru_cache(maxsize=1)
 def _can_unshare_net() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        return False
-    try:
-        return subprocess.run(["unshare", "--net", "true"], capture_output=True,
-                              timeout=5, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    """Whether verifier processes can get a network namespace of their own: as root, or as uid 0
+    of a user namespace (``unshare -rn``: how ``make demo`` runs for a user who is not root).
+    Where not, says why once; the jail still denies them new sockets."""
+    if not shutil.which("unshare"):
+        why = "there is no `unshare` command"
+    elif os.geteuid() != 0:
+        why = "making one needs root, or running the farm under `unshare -rn`"
+    else:
+        try:
+            if subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=5,
+                              check=False).returncode == 0:
+                return True
+            why = "`unshare --net` is refused here"
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = f"`unshare --net` failed: {exc}"
+    log.warning("verifier processes share the farm's network namespace: %s (the jail still "
+                "denies them new sockets)", why)
+    return False
 
 
 def _import_roots() -> list[str]:
@@ -103,11 +116,11 @@ class Zygote:
     def __init__(self, config: SandboxConfig, stage_dir: str) -> None:
         self.config = config
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        drop = config.drop_privileges and os.geteuid() == 0
+        identity = envfarm.jail.worker_identity().config() if config.drop_privileges else {}
         zconf = json.dumps({
             "ctl_fd": theirs.fileno(), "sys_path": _import_roots(), "stage_dir": stage_dir,
             "memory_mb": config.memory_mb, "max_result_bytes": config.max_result_bytes,
-            "uid": _NOBODY if drop else None, "allow_unconfined": config.allow_unconfined})
+            "allow_unconfined": config.allow_unconfined, **identity})
         cmd = [sys.executable, "-I", "-S", "-B", str(_WORKER_SCRIPT), zconf]
         if config.isolate_network and _can_unshare_net():
             cmd = ["unshare", "--net", "--", *cmd]
@@ -126,7 +139,7 @@ class Zygote:
         self._reader.start()
 
     def _wait_ready(self) -> str:
-        ready, _, _ = select.select([self._sock], [], [], self.config.start_timeout_s)
+        ready = wait_readable(self._sock.fileno(), self.config.start_timeout_s)
         msg = self._sock.recv(65536) if ready else b""
         try:
             hello = json.loads(msg) if msg else {}

@@ -85,7 +85,8 @@ class SandboxConfig(BaseModel):
     max_result_bytes: int = Field(default=4 << 20, ge=1024, description="largest JSON result")
     start_timeout_s: float = Field(default=15.0, gt=0, description="zygote start-up limit")
     drop_privileges: bool = Field(default=True,
-                                  description="run verifiers as nobody when this process is root")
+                                  description="run verifiers as an unprivileged uid of their own when "
+                                  "this process is root")
     isolate_network: bool = Field(default=True,
                                   description="private network namespace too, if allowed")
     allow_unconfined: bool = Field(

@@ -8,7 +8,8 @@ calls of a batch, and of up to 16 batches, are in flight together.
     handle = serve.run(app, _local_testing_mode=True)
     verdict = await handle.judge.remote(request)   # a JudgeRequest or its dict
 
-Anything that starts Ray runs inside a private network namespace (see DESIGN.md).
+Anything that starts Ray runs inside a private network namespace (docs/architecture.md,
+"Networking").
 """
 
 from __future__ import annotations

@@ -6,11 +6,15 @@ A module imports only from its own layer group or the ones below; the farm and t
 layer, two groups) know nothing of each other; a private module (``x._y``) is imported only from
 inside the package ``x``; nothing imports the command line. The SDK's weight is checked by
 importing it with the server side blocked.
+
+The top-level folders are layered too (``FOLDERS``, bottom first): no import runs up a folder,
+so the folders have no cycle; the test suite and the benchmarks share only ``tests/fakes``.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +121,89 @@ def test_the_check_allows_what_the_layers_allow():
     assert not violations("envfarm.compose", [(1, "judge", ["Judge"])])
     assert not violations("envfarm.cli", [(1, "synth.cli", ["app"])])
     assert not violations("envfarm.farm._core", [(1, "envfarm.farm._pool", ["InstancePool"])])
+
+
+#: The top-level folders that hold Python, bottom first: a folder imports only from itself and
+#: the folders before it. The benchmarks measure what the tests prove, so they sit above them.
+FOLDERS = ("envfarm", "judge", "synth", "trainer", "cluster", "tests", "benchmarks")
+
+#: Imports that run up a folder today, (module, folder it imports from): the composition root
+#: (compose, the command line) still lives in envfarm/, the bottom folder. Issue 36 phase B
+#: removes these; the list only shrinks (an entry no import needs any more fails the test).
+KNOWN_UPWARD = {
+    ("envfarm.cli", "judge"), ("envfarm.cli", "synth"), ("envfarm.cli", "trainer"),
+    ("envfarm.cli_envs", "judge"), ("envfarm.compose", "judge"),
+}
+
+
+def folder_imports() -> dict[str, set[str]]:
+    """module -> every first-party module it imports (relative imports resolved), over all the
+    Python of the top-level folders."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(p for top in FOLDERS for p in (REPO / top).rglob("*.py")):
+        module = module_name(path)
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        found = out.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                found.add(".".join(base + ([node.module] if node.module else [])))
+        out[module] = {m for m in found if m.split(".")[0] in FOLDERS}
+    return out
+
+
+def folder_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports up a folder (beyond ``KNOWN_UPWARD``), imports between tests and benchmarks other
+    than through ``tests.fakes``, and entries of ``KNOWN_UPWARD`` nothing needs any more."""
+    found, used = [], set()
+    for module, targets in graph.items():
+        top = module.split(".")[0]
+        for target in sorted(targets):
+            to = target.split(".")[0]
+            fake = target == "tests.fakes" or target.startswith("tests.fakes.")
+            if FOLDERS.index(to) > FOLDERS.index(top):
+                if (module, to) in KNOWN_UPWARD:
+                    used.add((module, to))
+                else:
+                    found.append(f"{module} ({top}) imports {target} ({to}): up a folder")
+            elif top == "benchmarks" and to == "tests" and not fake:
+                found.append(f"{module} imports {target}: benchmarks share only tests.fakes")
+            elif module.startswith("tests.fakes") and to == "tests" and not fake:
+                found.append(f"{module} imports {target}: tests.fakes stands alone")
+    found += [f"KNOWN_UPWARD lists {m} -> {f}, which no import needs: remove it"
+              for m, f in sorted(KNOWN_UPWARD - used) if m in graph]
+    return found
+
+
+def test_no_import_runs_up_a_folder():
+    graph = folder_imports()
+    assert not (found := folder_violations(graph)), "\n".join(found)
+    edges = {(m.split(".")[0], t.split(".")[0]) for m, ts in graph.items() for t in ts
+             if (m, t.split(".")[0]) not in KNOWN_UPWARD}
+    order = graphlib.TopologicalSorter({f: {t for s, t in edges if s == f and t != f}
+                                        for f in FOLDERS})
+    assert len(list(order.static_order())) == len(FOLDERS)  # graphlib.CycleError on a cycle
+
+
+@pytest.mark.parametrize(("module", "target"), [
+    ("judge.core", "trainer.grpo"),                    # up a folder
+    ("envfarm.farm._core", "judge"),                   # up, and not a known edge
+    ("tests.envfarm.test_x", "benchmarks.farm.bench"), # the suite needs no benchmark
+    ("cluster.local_cluster", "tests.fakes.toy_env"),  # nothing but benchmarks uses the tests
+    ("benchmarks.synth.bench", "tests.synth.scripted"),  # past the fakes
+    ("tests.fakes.factory_agent", "tests.synth.words"),  # the fakes lean on nothing of tests
+])
+def test_the_folder_check_catches(module, target):
+    assert folder_violations({module: {target}})
+
+
+def test_the_folder_check_allows_the_fakes_and_shrinks():
+    assert not folder_violations({"benchmarks.judge.bench": {"tests.fakes.mock_openai", "judge"},
+                                  "tests.synth.test_x": {"tests.fakes", "cluster.haproxy"},
+                                  "envfarm.compose": {"judge"}})
+    assert folder_violations({"envfarm.cli": {"envfarm.errors"}})  # a stale known edge
 
 
 _BLOCKED = """

@@ -1,4 +1,5 @@
-"""The trainer: agent loop, rollouts against the farm, history-windowed GRPO (see DESIGN.md).
+"""The trainer: agent loop, rollouts against the farm, history-windowed GRPO (see
+docs/architecture.md and docs/training.md).
 
     from trainer.episode import run_episode          # one episode against the farm
     from trainer.policy import OpenAIPolicy, ScriptedPolicy

@@ -42,6 +42,10 @@ class TrainConfig(BaseModel):
     mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch per "
                               "epoch (paper: batch 64 / mini-batch 16 = 4)")
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each rollout batch")
+    importance: str = Field(default="token", pattern="^(token|sequence)$",
+                            description="token: PPO's per-token ratio and clip; sequence: "
+                            "one ratio per sample, the geometric mean of its token ratios, "
+                            "clipped at sequence level (GSPO-style, the paper's App. A)")
     # precision and memory at scale
     param_dtype: str = Field(default="float32", pattern="^(float32|bfloat16|float16)$",
                              description="dtype of the trained weights (the optimizer's "
@@ -52,6 +56,10 @@ class TrainConfig(BaseModel):
                                          "activations in backward (long prompts, big models)")
     logit_chunk: int = Field(default=1024, ge=1, description="completion positions per "
                              "LM-head chunk")
+    branch_at: int | None = Field(
+        default=None, ge=0,
+        description="branching mode: each group is one episode run to this turn, then forked "
+                    "into group_size branches (trainer/branching.py); None: independent rollouts")
     guide_fraction: float = Field(
         default=0.0, ge=0, le=1,
         description="share of each group replaying the task's reference solution instead of "

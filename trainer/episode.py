@@ -12,6 +12,7 @@ the lease is released however the episode ends, cancellation included.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class EpisodeConfig:
     system: str = field(default_factory=system_prompt)
     judge: Any = None              # a trainer.judging.EpisodeJudge: the llm reward path
                                    # (None: the farm's verify, the code path)
+    prompt_budget: Any = None      # a trainer.budget.PromptBudget: every prompt measured;
+                                   # a listing that does not fit becomes names only
 
 
 @dataclass
@@ -109,6 +112,20 @@ async def run_episode(farm: Farm, policy: Policy, env: str, task_idx: int | None
     return await _Episode(farm, policy, env, task_idx, config or EpisodeConfig()).run(lease)
 
 
+async def run_prefix(farm: Farm, policy: Policy, env: str, task_idx: int | None, turns: int,
+                     *, lease: Lease, config: EpisodeConfig | None = None) -> _Episode:
+    """The first ``turns`` turns of an episode on ``lease``, not judged and not released: the
+    returned episode is ``branch()``-ed, then each copy ``run(its lease, start=turns)``. If the
+    episode ended (or failed) before ``turns``, ``reached`` is False and ``run`` judges that."""
+    episode = _Episode(farm, policy, env, task_idx, config or EpisodeConfig())
+    try:
+        episode.begin(lease)
+        episode.ended = await episode._turns(lease, 0, turns)
+    except (_End, EnvfarmError) as exc:
+        episode.stopped = exc
+    return episode
+
+
 class _End(Exception):
     def __init__(self, reason: EndReason, message: str, verdict: Verdict | None = None) -> None:
         super().__init__(message)
@@ -133,20 +150,43 @@ class _Episode:
         self.env_s = 0.0
         self.policy_s = 0.0
         self.pending: Any = None
+        #: a prefix's end before its last turn (``run_prefix``): judged by ``run``
+        self.ended: EndReason | None = None
+        self.stopped: Exception | None = None
 
-    async def run(self, lease: Lease | None) -> EpisodeResult:
+    @property
+    def reached(self) -> bool:
+        """A prefix ran all its turns (it can be branched)."""
+        return self.ended is None and self.stopped is None
+
+    def branch(self) -> _Episode:
+        """A copy that goes on from here on its own (messages, checker and records copied)."""
+        other = copy.copy(self)
+        other.messages, other.turns = list(self.messages), list(self.turns)
+        other.format = copy.deepcopy(self.format)
+        return other
+
+    def begin(self, lease: Lease) -> None:
+        if self.task_idx is None:
+            self.task_idx = lease.info.task_idx
+        self.task = lease.info.task or ""
+        self._add(Message(role="system", content=self.cfg.system))
+        self._add(Message(role="user", content=self.task))
+
+    async def run(self, lease: Lease | None, start: int = 0) -> EpisodeResult:
+        """The episode from turn ``start`` (0: from the lease on) to its verdict; the lease is
+        released however it ends."""
         started = time.perf_counter()
         verdict: Verdict | None = None
         try:
             try:
                 if lease is None:
                     lease = await self._farm(self.farm.acquire(self.env, task_idx=self.task_idx))
-                if self.task_idx is None:
-                    self.task_idx = lease.info.task_idx
-                self.task = lease.info.task or ""
-                self._add(Message(role="system", content=self.cfg.system))
-                self._add(Message(role="user", content=self.task))
-                end = await self._turns(lease)
+                if self.stopped is not None:
+                    raise self.stopped
+                if start == 0:
+                    self.begin(lease)
+                end = self.ended or await self._turns(lease, start)
                 verdict = await self._judge(lease, end)
             except _End as stop:
                 end, verdict = stop.reason, stop.verdict or _verdict_for(stop.reason,
@@ -183,9 +223,15 @@ class _Episode:
                           final_answer=self.final_answer, tools=self.tools, scenario=self.env,
                           task_idx=self.task_idx, max_turns=self.cfg.max_turns)
 
-    async def _turns(self, lease: Lease) -> EndReason:
-        for turn in range(self.cfg.max_turns):
+    async def _turns(self, lease: Lease, start: int = 0, stop: int | None = None
+                     ) -> EndReason | None:
+        """Turns ``start`` .. (``stop`` or the limit); None when it stopped at ``stop``."""
+        last = self.cfg.max_turns if stop is None else min(stop, self.cfg.max_turns)
+        for turn in range(start, last):
             prompt = window(self.messages, self.cfg.window)
+            if self.cfg.prompt_budget is not None:  # never a prompt the server would cut
+                self.cfg.prompt_budget.check(prompt, f"{self.env} task {self.task_idx} "
+                                                     f"turn {turn}")
             ctx = TurnContext(env=self.env, task_idx=self.task_idx, task=self.task, turn=turn)
             t = time.perf_counter()
             try:
@@ -210,7 +256,7 @@ class _Episode:
                 self.final_answer = parsed.text
                 return EndReason.final_answer
             await self._execute(lease, parsed.call)
-        return EndReason.turn_limit
+        return EndReason.turn_limit if last == self.cfg.max_turns else None
 
     async def _execute(self, lease: Lease, call: Any) -> None:
         self.env_calls += 1
@@ -219,14 +265,12 @@ class _Episode:
             self.tools = [ToolSchema(name=s.name, description=s.description,
                                      input_schema=s.input_schema) for s in specs]
             self.format.tools = self.tools  # the trajectory's copy, as check_format sees it
-            listing = ([compact_tool(t) for t in self.tools]
-                       if self.cfg.tool_listing == "compact" else
-                       [t.name for t in self.tools] if self.cfg.tool_listing == "names" else
-                       # what model_dump() gives, without its deep copy of every schema
-                       # (~8 ms of client CPU per episode over 38 tools)
-                       [{"name": t.name, "description": t.description,
-                         "input_schema": t.input_schema} for t in self.tools])
-            content = tool_content(True, listing, max_chars=1 << 30)  # never cut the list
+            content = self._listing(self.cfg.tool_listing)
+            budget = self.cfg.prompt_budget
+            if budget is not None and self.cfg.tool_listing != "names":
+                content = budget.choose_listing(
+                    self.messages, content, lambda: self._listing("names"),
+                    f"{self.env} task {self.task_idx} (list_tools, {len(self.tools)} tools)")
         else:  # call_tool; check_format has vetted name and arguments
             name = call.arguments["tool_name"]
             raw = call.arguments.get("arguments", "{}")
@@ -248,6 +292,16 @@ class _Episode:
                     self._add(Message(role="tool", content=content))
                     raise _End(EndReason.env_error, f"{name}: {res.error.message}")
         self._add(Message(role="tool", content=content))
+
+    def _listing(self, kind: str) -> str:
+        """The ``list_tools`` answer: full schemas, compact lines, or the names alone."""
+        listing = ([compact_tool(t) for t in self.tools] if kind == "compact" else
+                   [t.name for t in self.tools] if kind == "names" else
+                   # what model_dump() gives, without its deep copy of every schema
+                   # (~8 ms of client CPU per episode over 38 tools)
+                   [{"name": t.name, "description": t.description,
+                     "input_schema": t.input_schema} for t in self.tools])
+        return tool_content(True, listing, max_chars=1 << 30)  # never cut the list
 
     async def _judge(self, lease: Lease, end: EndReason) -> Verdict:
         report = self.format.report()

@@ -10,6 +10,12 @@ the catalog's tasks as verl datasets, and runs ``verl.trainer.main_ppo`` with
 steps of two tasks x two rollouts. It passes when verl exits 0 after logging step 2: the plugin
 survived V1's step bookkeeping on real vLLM outputs. ``tests/trainer/test_gpu_check.py`` runs
 it where a GPU, verl and vLLM are present, and is skipped (saying so) everywhere else.
+
+Where verl or vLLM is missing (a GPU machine without the ``gpu`` extra) it says which and runs
+the native check instead (``--native`` runs it alone): two GRPO steps of envfarm's own trainer
+on the GPU (bf16 autocast, fp32 masters) with the same model against an embedded ``--no-ray``
+farm, half of each group a reference replay so every group carries an advantage. It passes when
+both steps update the model (``update_samples`` > 0, a finite loss) with every tensor on CUDA.
 """
 
 from __future__ import annotations
@@ -69,13 +75,73 @@ def verl_command(model: Path, data: Path, loop_yaml: Path) -> list[str]:
             "trainer.logger=[console]"]
 
 
+def missing_gpu_stack() -> str | None:
+    """Why the verl + vLLM check cannot run here, or None."""
+    import importlib.util
+
+    for module in ("verl", "vllm"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e '.[gpu]')"
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU on this machine"
+
+
+def native_check(out: Path, device: str = "cuda") -> int:
+    """Two GRPO steps of envfarm's own trainer on the GPU against an embedded farm."""
+    import asyncio
+    import json
+    import math
+
+    import torch
+
+    from trainer.cli import farm_url
+    from trainer.config import TrainConfig
+    from trainer.train import train
+
+    on_gpu = device.startswith("cuda")
+    if on_gpu and not torch.cuda.is_available():
+        print("native check: no CUDA GPU on this machine")
+        return 1
+    cfg = TrainConfig(model=str(save_gpu_tiny_model(out / "model")), device=device,
+                      out_dir=str(out / "native"), steps=STEPS, batch_size=2, group_size=4,
+                      guide_fraction=0.5, lr=1e-4, window=3, max_turns=8,
+                      max_tool_chars=1000, tool_listing="compact", max_new_tokens=32,
+                      autocast="bfloat16" if on_gpu else None,
+                      envs=["hotel_booking_1"], concurrency=8)
+    started = time.perf_counter()
+    with farm_url(None, None, cfg.envs, warm=8) as url:
+        records = asyncio.run(train(cfg, url))
+    ok = len(records) == STEPS and all(
+        r.get("update_samples", 0) > 0 and math.isfinite(r.get("update_loss", math.nan))
+        for r in records)
+    print(json.dumps({"native_check": "passed" if ok else "FAILED",
+                      "device": torch.cuda.get_device_name(0) if on_gpu else device,
+                      "torch": torch.__version__,
+                      "seconds": round(time.perf_counter() - started, 1),
+                      "max_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                      if on_gpu else None,
+                      "steps": [{k: r.get(k) for k in ("step", "update_samples", "update_loss",
+                                                       "update_clip_frac", "reward_mean",
+                                                       "rollout_s", "update_s")}
+                                for r in records]}, indent=1))
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("/tmp/envfarm_gpu_check"))
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--timeout", type=float, default=1500.0)
+    ap.add_argument("--native", action="store_true",
+                    help="only the native check (envfarm's own GRPO on the GPU)")
     args = ap.parse_args(argv)
+    missing = None if args.native else missing_gpu_stack()
+    if args.native or missing:
+        if missing:
+            print(f"verl V1 + vLLM check skipped: {missing}; running the native check")
+        return native_check(args.out)
     from omegaconf import OmegaConf
 
     from trainer.verl_plugin import packaged_config, write_dataset

@@ -11,7 +11,11 @@
 - Loss per completion token: PPO's clipped ratio with an asymmetric clip (1 - 0.2, 1 + 0.28)
   against the policy that sampled (the rollout's log-probs when it gave them), plus 0.001 x KL
   to a frozen reference (the k3 estimator, KL(pi || ref)), averaged over the completion tokens of
-  a mini-batch (token-mean). Prompt tokens never enter the loss.
+  a mini-batch (token-mean). Prompt tokens never enter the loss. ``clip_frac`` is the share of
+  tokens whose gradient the clip cut (the clipped term selected and different: verl's count).
+- ``importance="sequence"`` (GSPO-style; the paper's App. A): every token of a sample takes its
+  sequence's ratio, the geometric mean of the token ratios, clipped at sequence level, so one
+  far-off token no longer clips alone and a sample is kept or cut whole.
 - A batch is cut into ``mini_batches`` optimizer steps and passed over ``ppo_epochs`` times, so
   the policy moves away from the one that sampled and the clip can bind (paper: batch 64,
   mini-batch 16, four updates per batch).
@@ -32,6 +36,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
+IMPORTANCE_LEVELS = ("token", "sequence")
+
+
 @dataclass
 class GRPOConfig:
     clip_low: float = 0.2
@@ -44,6 +51,12 @@ class GRPOConfig:
     logit_chunk: int = 1024    # completion positions per LM-head chunk
     autocast: str | None = None  # e.g. "bfloat16": compute dtype over fp32 master weights
     seed: int = 0              # mini-batch shuffling
+    importance: str = "token"  # "sequence": one ratio per sample (geometric mean, GSPO-style)
+
+    def __post_init__(self) -> None:
+        if self.importance not in IMPORTANCE_LEVELS:
+            raise ValueError(f"importance must be one of {IMPORTANCE_LEVELS}, "
+                             f"not {self.importance!r}")
 
 
 @dataclass
@@ -80,20 +93,38 @@ def step_advantages(advantage: float, turns: int, violated: bool) -> list[float]
 
 
 def policy_loss(logp: torch.Tensor, old: torch.Tensor, ref: torch.Tensor | None,
-                adv: torch.Tensor, cfg: GRPOConfig
+                adv: torch.Tensor, cfg: GRPOConfig, lengths: Sequence[int] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per-token (loss, policy-gradient term, k3 KL or None, clipped?) over flat completion
     tokens: ``logp`` under the policy being trained, ``old`` under the one that sampled,
-    ``ref`` under the reference, ``adv`` each token's advantage."""
-    ratio = torch.exp(logp - old)
+    ``ref`` under the reference, ``adv`` each token's advantage; ``lengths``: the samples'
+    token counts, in order (needed by ``importance="sequence"``). "clipped" marks the tokens
+    whose gradient the clip cut: the clipped term is the larger loss, so it is the one taken."""
+    log_ratio = logp - old
+    if cfg.importance == "sequence":
+        log_ratio = sequence_log_ratio(log_ratio, lengths)
+    ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high)
-    pg = -torch.minimum(ratio * adv, clipped * adv)
-    was_clipped = (ratio - clipped).abs() > 0
+    plain_loss, clipped_loss = -ratio * adv, -clipped * adv
+    pg = torch.maximum(plain_loss, clipped_loss)
+    was_clipped = clipped_loss > plain_loss
     if ref is None or not cfg.kl_coef:
         return pg, pg, None, was_clipped
     delta = ref - logp
     kl = torch.exp(delta) - delta - 1  # k3 estimate of KL(pi || ref): unbiased, >= 0
     return pg + cfg.kl_coef * kl, pg, kl, was_clipped
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, lengths: Sequence[int] | None) -> torch.Tensor:
+    """Each token's log-ratio replaced by its sample's mean (the log of the geometric mean of
+    the sample's token ratios), with the gradient of that mean."""
+    if lengths is None or sum(lengths) != log_ratio.shape[0]:
+        raise ValueError("sequence-level importance sampling needs every sample's token count")
+    sizes = torch.tensor(list(lengths), device=log_ratio.device)
+    owner = torch.repeat_interleave(torch.arange(len(sizes), device=log_ratio.device), sizes)
+    sums = torch.zeros(len(sizes), dtype=log_ratio.dtype, device=log_ratio.device)
+    means = sums.index_add(0, owner, log_ratio) / sizes.clamp(min=1)
+    return means[owner]
 
 
 def _batch(samples: Sequence[Sample], pad_id: int, device: Any
@@ -209,7 +240,8 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
                 ref = torch.cat([refs[i] for i in micro]).to(dev) if refs else None
                 adv = torch.tensor([s.advantage for s in batch for _ in s.completion_ids],
                                    dtype=torch.float32, device=dev)
-                per_token, pg, kl, clipped = policy_loss(logp.float(), old, ref, adv, cfg)
+                per_token, pg, kl, clipped = policy_loss(
+                    logp.float(), old, ref, adv, cfg, [len(s.completion_ids) for s in batch])
                 loss = per_token.sum() / tokens  # token-mean over the mini-batch
                 loss.backward()
                 if last_epoch:

@@ -22,6 +22,7 @@ from envfarm.client import EnvfarmError, Farm
 from judge import Outcome
 from trainer import checkpoint, judging, metrics
 from trainer.batched import BatchedPolicy
+from trainer.branching import run_branches
 from trainer.config import TrainConfig
 from trainer.episode import EpisodeConfig, EpisodeResult, TurnRecord, run_episode
 from trainer.format import system_text
@@ -87,12 +88,7 @@ class Trainer:
                                          tool_listing=config.tool_listing,
                                          max_tool_chars=config.max_tool_chars,
                                          system=system_text(config.system), judge=self.judge)
-        self.grpo_cfg = GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
-                                   kl_coef=config.kl_coef, micro_batch=config.micro_batch,
-                                   max_grad_norm=config.max_grad_norm,
-                                   mini_batches=config.mini_batches,
-                                   ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
-                                   autocast=config.autocast, seed=config.seed)
+        self.grpo_cfg = grpo_config(config)
 
     def _task_list(self, catalog: Any) -> list[tuple[str, int]]:
         if self.cfg.jobs is not None:
@@ -155,8 +151,17 @@ class Trainer:
 
     async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int,
                      key: tuple[int, int] = (0, 0)) -> list[EpisodeResult]:
-        """G rollouts of one task on G instances leased in one request."""
+        """G rollouts of one task on G instances leased in one request (branching mode: G
+        branches of one episode, ``trainer.branching``)."""
         g = self.cfg.group_size
+        if self.cfg.branch_at is not None:
+            async with gate:
+                try:
+                    return await run_branches(farm, self.policy, env, task_idx, k=g,
+                                              at_turn=self.cfg.branch_at,
+                                              config=self.episode_cfg)
+                except EnvfarmError:
+                    return []
         try:
             leases = await farm.acquire_many(env, g, task_idx=task_idx)
         except EnvfarmError:
@@ -178,6 +183,16 @@ class Trainer:
 
     def _samples(self, groups: list[list[EpisodeResult]]) -> tuple[list[Sample], int]:
         return rollout_samples(groups, self.tokenizer)
+
+
+def grpo_config(config: TrainConfig) -> GRPOConfig:
+    """The update's settings of a training run."""
+    return GRPOConfig(clip_low=config.clip_low, clip_high=config.clip_high,
+                      kl_coef=config.kl_coef, micro_batch=config.micro_batch,
+                      max_grad_norm=config.max_grad_norm, mini_batches=config.mini_batches,
+                      ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
+                      autocast=config.autocast, seed=config.seed,
+                      importance=config.importance)
 
 
 def rollout_samples(groups: list[list[EpisodeResult]], tokenizer: Any

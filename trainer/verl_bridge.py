@@ -1,7 +1,11 @@
-"""The verl plugin's half that needs no verl: the policy over verl's LLM servers, and what the
-plugin hands verl for one episode.
+"""The verl plugin's half that needs no verl: the policy over verl's LLM servers, the episode
+settings of the loop (with its prompt budget), and what the plugin hands verl for one episode.
 
-``ServerPolicy`` turns our agent loop's turns into verl server calls; ``turn_outputs`` returns the fields of verl's ``AgentLoopOutput`` (all but ``metrics``), one
+``ServerPolicy`` turns our agent loop's turns into verl server calls; ``loop_episode_config``
+measures every prompt against verl's ``rollout.prompt_length`` with the model's tokenizer
+(``trainer.budget``: a tool listing that does not fit becomes names only, or the run fails
+naming the budget; nothing is cut); ``turn_outputs`` returns the fields of verl's
+``AgentLoopOutput`` (all but ``metrics``), one
 dict per training sample; ``trainer.verl_plugin`` wraps them. Kept apart so the default test
 suite (no verl: it is the ``gpu`` extra) checks them against verl 0.9.1's V1 bookkeeping,
 which reads, for every output of an agent loop:
@@ -31,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from judge import Message, Outcome
-from trainer.episode import EpisodeResult
+from trainer.budget import PromptBudget
+from trainer.episode import EpisodeConfig, EpisodeResult
 from trainer.format import render
 from trainer.policy import FINISH_LENGTH, FINISH_STOP, Generation, PolicyError, TurnContext
 
@@ -77,6 +82,15 @@ class ServerPolicy:
         return Generation(text=text, finish_reason=finish, prompt_ids=prompt_ids,
                           completion_ids=ids, logprobs=out.log_probs, policy=self.name,
                           extra=dict(out.extra_fields or {}))
+
+
+def loop_episode_config(tokenizer: Any, *, prompt_length: int, on_long_prompt: str = "names",
+                        prompt_reserve: int | None = None, **episode: Any) -> EpisodeConfig:
+    """The agent loop's episode settings: ``episode`` (max_turns, window, tool_listing,
+    max_tool_chars) with every prompt measured against ``prompt_length`` tokens."""
+    budget = PromptBudget.of_tokenizer(tokenizer, prompt_length, reserve=prompt_reserve,
+                                       on_overflow=on_long_prompt)
+    return EpisodeConfig(prompt_budget=budget, **episode)
 
 
 def turn_tokens(tokenizer: Any, prompt: Sequence[Message], gen: Generation

@@ -51,11 +51,11 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.workers.rollout.replica import TokenOutput
 
 from envfarm.client import Farm
-from trainer.episode import EpisodeConfig, EpisodeResult, run_episode
+from trainer.episode import EpisodeResult, run_episode
 from trainer.grpo import group_advantages
 from trainer.judging import settle, shared_judge
 from trainer.policy import ScriptedPolicy
-from trainer.verl_bridge import ServerPolicy, turn_outputs
+from trainer.verl_bridge import ServerPolicy, loop_episode_config, turn_outputs
 from trainer.window import DEFAULT_WINDOW
 
 AGENT_NAME = "envfarm_agent"
@@ -172,7 +172,10 @@ class EnvfarmAgentLoop(AgentLoopBase):
     ``gate_timeout_s``; ``tool_listing`` (``full``; ``compact`` for small models' contexts);
     ``max_tool_chars``; ``farm`` (an SDK ``Farm``, for embedding); ``reward_path``: ``code``
     (the farm's verify, the default) or ``llm`` with ``judge_url`` (a judge service: the
-    paper's code-augmented LLM judge, see trainer/judging.py).
+    paper's code-augmented LLM judge, see trainer/judging.py). Every prompt is measured with
+    the tokenizer against ``rollout.prompt_length`` (``trainer.budget``): ``on_long_prompt``
+    ``names`` (default: a tool listing that does not fit becomes names only) or ``fail``;
+    ``prompt_reserve``: tokens the listing's prompt leaves for later turns (default: half).
     """
 
     def __init__(self, *args: Any, farm_url: str = "http://127.0.0.1:8000",
@@ -181,7 +184,8 @@ class EnvfarmAgentLoop(AgentLoopBase):
                  gate_timeout_s: float = 1800.0, farm: Farm | None = None,
                  tool_listing: str = "full", max_tool_chars: int = 8000,
                  name: str | None = None, reward_path: str = "code",
-                 judge_url: str | None = None, **kwargs: Any) -> None:
+                 judge_url: str | None = None, on_long_prompt: str = "names",
+                 prompt_reserve: int | None = None, **kwargs: Any) -> None:
         wrapped = kwargs.get("trainer_config", args[0] if args else None)
         trainer_cfg = getattr(wrapped, "config", {}).get("trainer", {}) or {}
         if not trainer_cfg.get("use_v1", False):
@@ -193,9 +197,10 @@ class EnvfarmAgentLoop(AgentLoopBase):
         self.farm_url = farm_url
         self.farm = farm
         self.policy_kind = policy
-        self.episode_config = EpisodeConfig(max_turns=max_turns, window=window,
-                                            tool_listing=tool_listing,
-                                            max_tool_chars=max_tool_chars)
+        self.episode_config = loop_episode_config(
+            self.tokenizer, prompt_length=int(self.rollout_config.prompt_length),
+            on_long_prompt=on_long_prompt, prompt_reserve=prompt_reserve, max_turns=max_turns,
+            window=window, tool_listing=tool_listing, max_tool_chars=max_tool_chars)
         if reward_path not in ("code", "llm") or (reward_path == "llm" and not judge_url):
             raise ValueError("reward_path is 'code', or 'llm' with judge_url (a judge service)")
         self.judge_url = judge_url if reward_path == "llm" else None

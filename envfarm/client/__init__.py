@@ -3,6 +3,7 @@
 from envfarm.client._client import Farm, Lease
 from envfarm.client._episode import EpisodeReport, reference_episode
 from envfarm.client._errors import EnvError, LeaseLost, error_from_wire
+from envfarm.client._openenv import openenv_base_url
 from envfarm.client._sync import SyncFarm, SyncLease
 from envfarm.client._transport import (
     AiohttpTransport,
@@ -44,5 +45,6 @@ __all__ = [
     "Transport",
     "TransportError",
     "error_from_wire",
+    "openenv_base_url",
     "reference_episode",
 ]

@@ -270,6 +270,15 @@ class Lease:
             await self.farm._json("POST", self.path + "/verify", token=self.token,
                                   json_body=body, safe=True))
 
+    async def fork(self, ttl_s: float | None = None) -> Lease:
+        """A new lease (same tenant, same task) whose database is this lease's state now and
+        whose steps so far are kept for verification; this lease goes on untouched. Retried
+        safely: an idempotency key makes a repeat return the same fork."""
+        body = {"ttl_s": ttl_s, "idempotency_key": uuid.uuid4().hex}
+        data = await self.farm._json("POST", self.path + "/fork", token=self.token,
+                                     json_body=body, safe=True)
+        return Lease(self.farm, LeaseInfo.model_validate(data))
+
     async def snapshot(self, which: str = "current") -> bytes:
         reply = await self.farm._request("GET", f"{self.path}/snapshot?which={which}",
                                          token=self.token, safe=True)

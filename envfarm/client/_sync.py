@@ -87,6 +87,9 @@ class SyncLease:
     def reset(self) -> None:
         self._farm._run(self.lease.reset())
 
+    def fork(self, ttl_s: float | None = None) -> SyncLease:
+        return SyncLease(self._farm, self._farm._run(self.lease.fork(ttl_s)))
+
     def verify(self, task_idx: int | None = None, final_answer: str | None = None,
                trajectory: Any = None) -> VerifyResponse:
         return self._farm._run(self.lease.verify(task_idx, final_answer, trajectory))

@@ -2,7 +2,7 @@
 
 Two HTTP clients: ``AiohttpTransport`` (the default, ``HTTPTransport``) and ``HttpxTransport``.
 Measured with the same SDK calls against a server that does no work
-(``benchmarks/bench_sdk_transport.py``, RESULTS.md "SDK transport"), httpx costs several times
+(``benchmarks/farm/bench_sdk_transport.py``, RESULTS.md "SDK transport"), httpx costs several times
 aiohttp's client CPU per call, CPU a trainer's machine then lacks for the farm or the model.
 """
 

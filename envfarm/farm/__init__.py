@@ -15,6 +15,7 @@ from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
+from envfarm.farm._openenv import OPENENV_PATH, LeaseAPI, serve_socket
 from envfarm.farm._pool import InstancePool
 from envfarm.farm._status import (
     EnvStatus,
@@ -48,6 +49,7 @@ from envfarm.wire import (
     CallRequest,
     EnvDetail,
     EnvSummary,
+    ForkRequest,
     Health,
     LeaseBatchRequest,
     LeaseInfo,
@@ -64,6 +66,7 @@ from envfarm.wire import (
 __all__ = [
     "ANONYMOUS",
     "KEYS_ENV",
+    "OPENENV_PATH",
     "TENANTS_ENV",
     "BadRequest",
     "BatchError",
@@ -78,9 +81,11 @@ __all__ = [
     "FarmConfig",
     "FarmCore",
     "FarmStatus",
+    "ForkRequest",
     "Health",
     "InstancePool",
     "JSONGuard",
+    "LeaseAPI",
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeasePolicy",
@@ -120,6 +125,7 @@ __all__ = [
     "read_body",
     "redact_path",
     "scope_header",
+    "serve_socket",
     "summarize_status",
     "with_environ_tenants",
 ]

@@ -25,6 +25,7 @@ from envfarm.farm._http import (
 from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._mcp import LeaseMCP
+from envfarm.farm._openenv import install_socket
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER
 from envfarm.models import CallResult, ToolSpec
@@ -37,6 +38,7 @@ from envfarm.wire import (
     EnvDetail,
     EnvSummary,
     ErrorBody,
+    ForkRequest,
     Health,
     LeaseBatchRequest,
     LeaseInfo,
@@ -69,6 +71,11 @@ class Which(str, Enum):
     initial = "initial"
 
 
+class Rendering(str, Enum):
+    exact = "exact"
+    mcp = "mcp"
+
+
 def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
     """The farm's HTTP app. ``manage_core`` starts/stops the core with the app's lifespan."""
     mcp = LeaseMCP(core, fast_path=core.config.fast_paths)
@@ -83,7 +90,8 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
             await core.aclose()
 
     app = FastAPI(title=title, version="1", lifespan=lifespan,
-                  description="Lease isolated tool-use environments; see DESIGN.md.")
+                  description="Lease isolated tool-use environments; see docs/lease-api.md "
+                              "and docs/architecture.md in the envfarm repository.")
     install_error_handlers(app)
     if core.config.fast_paths:
         app.add_middleware(FastCall, core=core, mcp=mcp)  # inside BodyLimit: 413 for big bodies
@@ -155,8 +163,16 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
 
     @app.get("/envs/{env}/leases/{lease_id}/tools", response_model=list[ToolSpec],
              tags=["leases"], responses=lease_errors, dependencies=_auth)
-    async def tools(request: Request, env: EnvName, lease_id: LeaseId) -> list[ToolSpec]:
-        return core.tools(lease_of(request, env, lease_id))
+    async def tools(request: Request, env: EnvName, lease_id: LeaseId,
+                    rendering: Annotated[Rendering, Query(alias="as")] = Rendering.exact
+                    ) -> list[ToolSpec]:
+        """The lease's tools: their exact schemas, or ``?as=mcp`` as MCP lists them (AWM's
+        fastapi-mcp rendering, what the OpenEnv endpoint lists)."""
+        lease = lease_of(request, env, lease_id)
+        if rendering is Rendering.mcp:
+            lease.agent_requests += 1
+            return core.tool_specs[lease.env]
+        return core.tools(lease)
 
     @app.post("/envs/{env}/leases/{lease_id}/call", response_model=CallResult, tags=["leases"],
               responses=lease_errors | {k: _ERRORS[k] for k in (413, 422)},
@@ -190,6 +206,16 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         return Response(data, media_type="application/vnd.sqlite3", headers={
             "Content-Disposition": f'attachment; filename="{lease_id}-{which.value}.db"'})
 
+    @app.post("/envs/{env}/leases/{lease_id}/fork", response_model=LeaseInfo, status_code=201,
+              tags=["leases"], responses=lease_errors | {k: _ERRORS[k] for k in (422, 503)},
+              dependencies=_auth)
+    async def fork(request: Request, env: EnvName, lease_id: LeaseId,
+                   req: Annotated[ForkRequest | None, Body()] = None) -> LeaseInfo:
+        """A new lease of the same tenant and task whose database is this lease's state now
+        (its steps so far kept for verification); this lease goes on untouched."""
+        return await core.fork(lease_of(request, env, lease_id), req or ForkRequest(),
+                               base_url(request))
+
     @app.delete("/envs/{env}/leases/{lease_id}", response_model=ReleaseResponse,
                 tags=["leases"], responses=lease_errors, dependencies=_auth)
     async def release(request: Request, env: EnvName, lease_id: LeaseId) -> ReleaseResponse:
@@ -209,4 +235,5 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
 
     for path in ("/envs/{env}/leases/{lease_id}/mcp", "/envs/{env}/leases/{lease_id}/mcp/{cap}"):
         app.router.routes.append(Route(path, mcp, methods=["GET", "POST", "DELETE"]))
+    install_socket(app, core)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Literal
 
@@ -11,6 +12,8 @@ from envfarm.errors import ConfinementUnavailable
 from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 from envfarm.worker import WorkerOptions
+
+log = logging.getLogger("envfarm.farm")
 
 #: Serving more types than this loads them on demand unless ``on_demand`` says otherwise.
 ON_DEMAND_ABOVE = 16
@@ -145,6 +148,10 @@ def isolation_of(config: FarmConfig) -> tuple[str, WorkerOptions | None]:
                             memory_mb=config.worker_memory_mb, jail=confined,
                             probe_module_state=config.check_module_state,
                             stderr=os.environ.get("ENVFARM_WORKER_STDERR") == "1")
+    identity = jail.worker_identity()
+    if identity.warning():
+        log.warning(identity.warning())
     if confined:
-        return f"workers, confined ({support.describe()})", options
-    return f"workers, UNCONFINED (--allow-unconfined; {support.describe()})", options
+        return f"workers, confined ({support.describe()}; {identity.describe()})", options
+    return (f"workers, UNCONFINED (--allow-unconfined; {support.describe()}; "
+            f"{identity.describe()})", options)

@@ -20,10 +20,12 @@ from envfarm.catalog import Catalog, load_catalog, normalize_name
 from envfarm.errors import (
     EnvfarmError,
     EnvNotFound,
+    LeaseError,
     LeaseForbidden,
     LeaseGone,
     LeaseNotFound,
     LeaseUnauthorized,
+    PoolExhausted,
     TaskNotFound,
 )
 from envfarm.farm._capability import mcp_path
@@ -33,7 +35,7 @@ from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
-from envfarm.farm._served import ServedEnv
+from envfarm.farm._served import InstanceHandle, ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import TenantCollector, Tenants
 from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
@@ -46,6 +48,7 @@ from envfarm.wire import (
     BatchResult,
     EnvDetail,
     EnvSummary,
+    ForkRequest,
     Health,
     LeaseInfo,
     LeaseRequest,
@@ -61,6 +64,8 @@ from envfarm.wire import (
 from envfarm.worker import WorkerLost
 
 _KEPT_ENV_ERRORS = 10
+#: Steps of an episode a lease records (a few dozen bytes each; agent episodes take <= 20).
+_KEPT_STEPS = 1000
 
 
 class FarmCore:
@@ -260,8 +265,6 @@ class FarmCore:
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
-        policy = self.config.leases
-        ttl = min(req.ttl_s or policy.default_ttl_s, policy.max_ttl_s)
         self.registry.pin(name)  # not evicted while this lease is being made
         try:
             served = await self.registry.get(name)
@@ -273,18 +276,69 @@ class FarmCore:
             if known is not None and known in self.leases:
                 served.release(instance)
                 return self._info(self.leases[known], mcp_prefix), False
-        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
-                            token=secrets.token_urlsafe(24), instance=instance,
-                            task_idx=req.task_idx, expires_at=time.time() + ttl,
-                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
-                            idempotency_key=req.idempotency_key, tenant=tenant)
-        self.leases[lease.lease_id] = lease
-        self.tenants.opened(tenant)
-        if req.idempotency_key is not None:
-            self._idempotent[(tenant, name, req.idempotency_key)] = lease.lease_id
+        lease = self._register(name, instance, req.task_idx, req.ttl_s, req.idempotency_key,
+                               tenant)
         self.metrics.lease_events.labels(name, "created").inc()
         self.metrics.lease_latency.labels(name).observe(time.perf_counter() - started)
         return self._info(lease, mcp_prefix), True
+
+    def _register(self, name: str, instance: InstanceHandle, task_idx: int | None,
+                  ttl_s: float | None, idempotency_key: str | None, tenant: str
+                  ) -> LeaseRecord:
+        """Enter a new lease on ``instance`` in the table (its tenant's quota was admitted)."""
+        policy = self.config.leases
+        ttl = min(ttl_s or policy.default_ttl_s, policy.max_ttl_s)
+        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
+                            token=secrets.token_urlsafe(24), instance=instance,
+                            task_idx=task_idx, expires_at=time.time() + ttl,
+                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
+                            idempotency_key=idempotency_key, tenant=tenant)
+        self.leases[lease.lease_id] = lease
+        self.tenants.opened(tenant)
+        if idempotency_key is not None:
+            self._idempotent[(tenant, name, idempotency_key)] = lease.lease_id
+        return lease
+
+    async def fork(self, parent: LeaseRecord, req: ForkRequest, mcp_prefix: str = ""
+                   ) -> LeaseInfo:
+        """A new lease of the parent's tenant (its quota admits it) and task, whose database is
+        the parent's now and whose steps and env errors so far are the parent's; the parent
+        goes on untouched. Cost: an instance and a copy of the database (inside the worker when
+        the child lands on the parent's), no reset."""
+        started = time.perf_counter()
+        served = self.envs[parent.env]
+        if getattr(served, "per_lease", False):
+            raise LeaseError(f"env {parent.env!r} keeps module-level state, which a fork cannot "
+                             "copy (only the database): it cannot be forked", env=parent.env)
+        key = (parent.tenant, parent.env, req.idempotency_key or "")
+        if self._idempotent.get(key) in self.leases:  # a repeat: the fork it made
+            return self._info(self.leases[self._idempotent[key]], mcp_prefix)
+        self.tenants.admit_leases(parent.tenant)
+        opened = False
+        try:
+            instance = await served.acquire()
+            try:  # the parent's state at one moment: read under its lock
+                await instance.copy_from(self.held(parent).instance)
+            except WorkerLost as exc:
+                served.release(instance)
+                if parent.instance.lost is not None:
+                    raise self._lost(parent, exc.reason) from None
+                raise PoolExhausted(f"env {parent.env!r}: the fork's worker was lost "
+                                    f"({exc.reason}); retry", env=parent.env) from None
+            except EnvfarmError:
+                served.release(instance)
+                raise
+            child = self._register(parent.env, instance, parent.task_idx, req.ttl_s,
+                                   req.idempotency_key, parent.tenant)
+            opened = True
+        finally:
+            if not opened:
+                self.tenants.unreserve(parent.tenant, 1)
+        child.steps, child.env_errors = list(parent.steps), list(parent.env_errors)
+        child.agent_requests, child.forked_from = parent.agent_requests, parent.lease_id
+        self.metrics.lease_events.labels(parent.env, "forked").inc()
+        self.metrics.lease_latency.labels(parent.env).observe(time.perf_counter() - started)
+        return self._info(child, mcp_prefix)
 
     def _info(self, lease: LeaseRecord, mcp_prefix: str) -> LeaseInfo:
         task = None
@@ -294,7 +348,7 @@ class FarmCore:
                          expires_at=lease.expires_at, idle_timeout_s=lease.idle_timeout_s,
                          mcp_url=mcp_prefix.rstrip("/") + mcp_path(lease.env, lease.lease_id,
                                                                    lease.token),
-                         task_idx=lease.task_idx, task=task)
+                         task_idx=lease.task_idx, task=task, forked_from=lease.forked_from)
 
     def lease(self, env: str | None, lease_id: str, token: str | None) -> LeaseRecord:
         """The lease, if the caller may use it: 401 / 403 / 404 / 410 otherwise."""
@@ -391,6 +445,8 @@ class FarmCore:
             raise self._lost(lease, exc.reason) from None
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
+        if len(lease.steps) < _KEPT_STEPS:
+            lease.steps.append({"tool": tool, "ok": res.ok, "outcome": outcome})
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
             # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
@@ -405,6 +461,7 @@ class FarmCore:
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
         lease.env_errors.clear()  # a new episode begins
+        lease.steps.clear()
 
     async def snapshot(self, lease: LeaseRecord) -> bytes:
         try:

@@ -29,6 +29,11 @@ class LeaseRecord:
     agent_requests: int = 0
     #: env-side failures of tool calls since the episode began (lease or last reset)
     env_errors: list[str] = field(default_factory=list)
+    #: the episode's tool calls so far, as the farm saw them (``{tool, ok, outcome}``, the
+    #: first ``_core._KEPT_STEPS``); a fork keeps its parent's
+    steps: list[dict[str, object]] = field(default_factory=list)
+    #: the lease this one was forked from (its state and steps at that moment), if any
+    forked_from: str | None = None
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

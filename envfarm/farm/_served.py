@@ -7,13 +7,16 @@
   or reviewed yourself, and as the baseline the benchmarks compare the boundary against.
 
 Both hand out instance handles with the same async surface: ``call``, ``reset``, ``snapshot``,
-``initial_snapshot``, ``tools`` and ``lost`` (why its state is gone, or None).
+``restore``/``copy_from`` (a fork), ``initial_snapshot``, ``tools`` and ``lost`` (why its
+state is gone, or None).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any, Protocol
 
+from envfarm.errors import EnvLoadError
 from envfarm.farm._config import PoolConfig
 from envfarm.farm._pool import InstancePool
 from envfarm.models import CallResult, EnvBundle, ToolSpec
@@ -28,6 +31,8 @@ class InstanceHandle(Protocol):
     async def call(self, tool: str, arguments: Any) -> CallResult: ...
     async def reset(self) -> None: ...
     async def snapshot(self) -> bytes: ...
+    async def restore(self, data: bytes) -> None: ...
+    async def copy_from(self, other: Any) -> None: ...
     def initial_snapshot(self) -> bytes: ...
 
 
@@ -74,6 +79,17 @@ class LocalInstance:
     async def snapshot(self) -> bytes:
         async with self.inst.lock:
             return self.inst.snapshot()
+
+    async def copy_from(self, other: LocalInstance) -> None:
+        await self.restore(await other.snapshot())
+
+    async def restore(self, data: bytes) -> None:
+        async with self.inst.lock:
+            try:
+                self.inst.restore(data)
+            except sqlite3.DatabaseError as exc:
+                raise EnvLoadError(f"env {self.inst.runtime.name!r}: cannot restore the state "
+                                   f"({exc})", env=self.inst.runtime.name) from None
 
     def initial_snapshot(self) -> bytes:
         return self.inst.initial_snapshot()

@@ -2,7 +2,9 @@
 
 ``enter(policy)`` is called once inside a child process, before it reads any untrusted input,
 and cannot be undone: it closes every descriptor not kept, empties the environment, gives the
-process its own session and death with its parent, sets rlimits, drops capabilities, sets
+process its own session, switches a root process to an unprivileged uid (see ``_identity``;
+``policy.keep_imports`` keeps lazy imports working after, see ``_imports``), arms death with
+its parent, sets rlimits (threads too, for a uid of its own), drops capabilities, sets
 no_new_privs, then applies Landlock (read-only access to the Python installation, ``sys.path``
 and ``policy.read_paths``; no writes; no TCP; no signals or abstract unix sockets beyond its own
 domain) and a seccomp filter (see ``_seccomp``). Calling it again, e.g. in a child forked from a
@@ -19,10 +21,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from envfarm.jail import _landlock, _process, _seccomp
+from envfarm.jail import _identity, _imports, _landlock, _process, _seccomp
+from envfarm.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
-__all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "enter", "prepare",
-           "readable_roots", "restrict_reads", "support"]
+__all__ = ["JailError", "JailPolicy", "JailSupport", "PreparedJail", "WorkerIdentity", "enter",
+           "prepare", "readable_roots", "restrict_reads", "support", "switch_identity",
+           "uid_from_config", "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -48,6 +52,9 @@ class JailPolicy:
     require_seccomp: bool = True       # False: run without seccomp where the kernel lacks it
     parent_pid: int | None = None      # the parent to die with (default: the current parent)
     new_session: bool = True           # setsid; False: only a process group of its own (cheaper)
+    uid: int | None = None             # started as root: switch to this uid (and gid), no groups
+    max_threads: int | None = None     # RLIMIT_NPROC once switched to ``uid`` (a uid of its own)
+    keep_imports: bool = False         # switching uid: keep importing lazily from sys.path
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,39 @@ def _check(policy: JailPolicy) -> JailSupport:
     return have
 
 
+def _switches_uid(policy: JailPolicy) -> bool:
+    return policy.uid is not None and os.geteuid() == 0
+
+
+def _pin_imports(policy: JailPolicy) -> list[int]:
+    """Descriptors that keep lazy imports working after the uid switch (before it: as root)."""
+    if not (policy.keep_imports and _switches_uid(policy)):
+        return []
+    try:
+        return _imports.pin()
+    except OSError as exc:
+        raise JailError(f"cannot pin the import folders: {exc}", layer="identity") from exc
+
+
 def _process_steps(policy: JailPolicy, keep_fds: Sequence[int]) -> None:
+    switch = _switches_uid(policy)
     try:
         _process.close_fds_except(keep_fds)
         os.environ.clear()
         _process.own_session(policy.new_session)
+    except OSError as exc:
+        raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
+    if switch:
+        try:
+            _identity.switch(policy.uid)
+        except OSError as exc:
+            raise JailError(f"cannot switch to uid {policy.uid}: {exc}",
+                            layer="identity") from exc
+    try:
+        # After the switch: a change of credentials clears the parent-death signal.
         _process.die_with_parent(policy.parent_pid)
-        _process.set_limits(policy.memory_mb, policy.cpu_s, policy.max_open_files)
+        _process.set_limits(policy.memory_mb, policy.cpu_s, policy.max_open_files,
+                            policy.max_threads if switch else None)
         _process.drop_capabilities()
         _process.no_new_privs()
     except OSError as exc:
@@ -140,23 +173,36 @@ def _roots(policy: JailPolicy) -> list[str]:
     return readable_roots(policy.read_paths) if _ENTERED_ROOTS is None else _ENTERED_ROOTS
 
 
+def _ruleset(roots: list[str], have: JailSupport) -> int | None:
+    if not have.landlock_abi:
+        return None
+    try:
+        return _landlock.read_only_ruleset(roots, have.landlock_abi)
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+
+
 def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2)) -> JailSupport:
     """Confine this process, irreversibly; see the module docstring. Raises ``JailError``
     before changing anything when the kernel lacks a layer the policy needs."""
     global _ENTERED_ROOTS
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    flt = _seccomp.build(os.getpid(), policy.threads, policy.processes,
-                         first=_ENTERED_ROOTS is None) if have.seccomp else None
-    _process_steps(policy, keep_fds)
-    if have.landlock_abi:
+    bpf = _seccomp.program(os.getpid(), policy.threads, policy.processes,
+                           first=_ENTERED_ROOTS is None) if have.seccomp else None
+    # Made before the uid switch: the unprivileged uid may not reach every root to name it.
+    ruleset = _ruleset(roots, have)
+    kept = (*keep_fds, *_pin_imports(policy), *([ruleset] if ruleset is not None else []))
+    _process_steps(policy, kept)
+    if ruleset is not None:
         try:
-            _landlock.restrict_read_only(roots, have.landlock_abi)
+            _landlock.restrict_self(ruleset)
+            os.close(ruleset)
         except OSError as exc:
             raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
-    if flt is not None:
+    if bpf is not None:
         try:
-            flt.load()
+            _seccomp.load_bpf(bpf)
         except OSError as exc:
             raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
     _ENTERED_ROOTS = roots
@@ -183,7 +229,8 @@ class PreparedJail:
         global _ENTERED_ROOTS
         policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
         _check(policy)
-        kept = (*keep_fds, self.ruleset_fd) if self.ruleset_fd is not None else tuple(keep_fds)
+        kept = (*keep_fds, *_pin_imports(policy),
+                *([self.ruleset_fd] if self.ruleset_fd is not None else []))
         _process_steps(policy, kept)
         try:
             if self.ruleset_fd is not None:
@@ -204,14 +251,25 @@ def prepare(policy: JailPolicy) -> PreparedJail:
     """Make ``policy`` ready to enter in children forked from here (see ``PreparedJail``)."""
     have = _check(policy)
     roots = _roots(policy) if have.landlock_abi else []
-    try:
-        ruleset = _landlock.read_only_ruleset(roots, have.landlock_abi) \
-            if have.landlock_abi else None
-    except OSError as exc:
-        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
-    bpf = _seccomp.to_bpf(_seccomp.build(None, policy.threads, policy.processes,
-                                         first=_ENTERED_ROOTS is None)) if have.seccomp else None
+    ruleset = _ruleset(roots, have)
+    bpf = _seccomp.program(None, policy.threads, policy.processes,
+                           first=_ENTERED_ROOTS is None) if have.seccomp else None
     return PreparedJail(policy, have, roots, ruleset, bpf)
+
+
+def switch_identity(policy: JailPolicy) -> None:
+    """Only the uid switch of ``enter`` (with its import pins and thread limit), for a process
+    that runs unconfined (a kernel without seccomp or Landlock): no privilege is kept there
+    either. No-op unless root with ``policy.uid`` set."""
+    if not _switches_uid(policy):
+        return
+    _pin_imports(policy)
+    try:
+        _identity.switch(policy.uid)
+        if policy.max_threads is not None:
+            _process.limit_tasks(policy.max_threads)
+    except OSError as exc:
+        raise JailError(f"cannot switch to uid {policy.uid}: {exc}", layer="identity") from exc
 
 
 def restrict_reads(paths: Sequence[str]) -> None:

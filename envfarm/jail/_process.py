@@ -64,7 +64,17 @@ def _lower(which: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(which, (soft, hard))
 
 
-def set_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: int) -> None:
+def limit_tasks(max_tasks: int) -> None:
+    """RLIMIT_NPROC: the tasks (threads) its uid may have. Only meaningful for a uid of its own,
+    and not root's (root is exempt). Soft equals hard: without CAP_SYS_RESOURCE nothing inside
+    can raise it."""
+    _lower(resource.RLIMIT_NPROC, max_tasks)
+
+
+def set_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: int,
+               max_tasks: int | None = None) -> None:
+    if max_tasks is not None:
+        limit_tasks(max_tasks)
     if memory_mb is not None:
         _lower(resource.RLIMIT_AS, memory_mb << 20)
     if cpu_s is not None:
@@ -87,14 +97,19 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set and the ambient set (needs CAP_SETPCAP: root only)."""
+    cap = 0
+    while _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
 def drop_capabilities() -> None:
-    """A root process keeps uid 0 but loses every capability (raising rlimits, reading any file,
-    ptrace, ...); without root this changes nothing."""
+    """Lose every capability (raising rlimits, reading any file, ptrace, ...): a process still
+    root keeps uid 0 without them; one that switched uid has none left already."""
     if os.geteuid() == 0:
-        cap = 0
-        while _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
-            cap += 1
-        _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        drop_bounding_set()
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     if _libc.capset(ctypes.byref(header), data) != 0:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import ray
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
@@ -26,6 +26,7 @@ from envfarm.catalog import load_catalog
 from envfarm.compose import compose_core
 from envfarm.errors import EnvNotFound, FarmNotReady
 from envfarm.farm import (
+    OPENENV_PATH,
     BatchError,
     BatchItem,
     BatchRequest,
@@ -46,9 +47,11 @@ from envfarm.farm import (
     install_error_handlers,
     install_status_routes,
     merge_exposition,
+    serve_socket,
     summarize_status,
 )
 from envfarm.serve._handles import fresh_call
+from envfarm.serve._openenv import HandleLeaseAPI
 from envfarm.serve._router import INDEX_PREFIX, owner_from_path
 from envfarm.serve._to_owner import ToOwner
 from envfarm.wire import by_owner
@@ -242,6 +245,12 @@ class Front:
                                     ready=(await self.health()).ready)
 
         install_status_routes(app, status)
+
+        openenv = HandleLeaseAPI(self)
+
+        @app.websocket(OPENENV_PATH)
+        async def openenv_socket(websocket: WebSocket) -> None:
+            await serve_socket(websocket, openenv)
 
         @app.post("/batch/call", response_model=BatchResponse)
         async def batch_call(req: BatchRequest) -> BatchResponse:

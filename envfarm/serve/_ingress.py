@@ -17,7 +17,9 @@ environment (cluster/, k8s/).
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
 from typing import Any, Literal
 
 from ray import serve
@@ -46,7 +48,7 @@ class IngressMismatch(EnvfarmError):
 
 
 #: How the farm tunes Ray under HAProxy ingress (defaults: a value already set wins). Measured
-#: with 1,024 clients on one pool replica (benchmarks/soak.py; RESULTS.md, "Soak").
+#: with 1,024 clients on one pool replica (benchmarks/load/soak.py; RESULTS.md, "Soak").
 HAPROXY_TUNING = {
     # HAProxy opens one connection per in-flight request, so 1,024 clients mean 1,024
     # connections to one replica, whose event loop then accepts new ones (HAProxy's health
@@ -71,6 +73,31 @@ HAPROXY_TUNING = {
 RAY_TUNING = {"RAY_task_events_report_interval_ms": "0"}
 
 
+#: Where Serve's HAProxy keeps its config, sockets and state (Serve's defaults, by variable).
+SERVE_HAPROXY_DIR = "/tmp/haproxy-serve"
+HAPROXY_FILES = {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+                 "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+                 "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+                 "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+                 "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock"}
+
+
+def haproxy_files(default: str = SERVE_HAPROXY_DIR) -> dict[str, str]:
+    """Where this process's HAProxy may write: nothing to change when Serve's fixed folder is
+    ours, else a private one (on a shared machine another user, root say, may own that folder,
+    and Serve then fails to start: a user's `make demo` after root's `make test`)."""
+    try:
+        os.makedirs(default, exist_ok=True)
+        if os.access(default, os.W_OK | os.X_OK):
+            return {}
+    except OSError:
+        pass
+    own = tempfile.mkdtemp(prefix="haproxy-serve-", dir="/tmp")  # short: sockets live in it
+    logging.getLogger("envfarm.serve").warning(
+        "%s belongs to another user: Serve's HAProxy keeps its files in %s", default, own)
+    return {key: os.path.join(own, name) if name else own for key, name in HAPROXY_FILES.items()}
+
+
 def ingress_env(proxy: Proxy) -> dict[str, str]:
     """The Serve environment variables of an ingress mode."""
     on = "1" if proxy == "haproxy" else "0"
@@ -88,6 +115,8 @@ def use_ingress(proxy: Proxy) -> None:
     for key, value in farm_env(proxy).items():
         os.environ.setdefault(key, value)
     os.environ.update(ingress_env(proxy))
+    if proxy == "haproxy" and not any(key in os.environ for key in HAPROXY_FILES):
+        os.environ.update(haproxy_files())
 
 
 def current_proxy(env: dict[str, str] | os._Environ[str] | None = None) -> Proxy:

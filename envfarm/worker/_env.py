@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envfarm.errors import PoolExhausted
+from envfarm.errors import EnvLoadError, PoolExhausted
 from envfarm.models import CallResult, EnvBundle, ToolSpec
 from envfarm.wire import PoolStats
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
@@ -53,7 +53,9 @@ class WorkerOptions:
     probe_module_state: bool = True
 
     def worker_config(self) -> dict[str, Any]:
-        return {"jail": self.jail, "memory_mb": self.memory_mb}
+        from envfarm.jail import worker_identity  # root: each worker gets a uid of its own
+
+        return {"jail": self.jail, "memory_mb": self.memory_mb, **worker_identity().config()}
 
 
 class WorkerEnv:
@@ -291,9 +293,11 @@ class RemoteInstance:
     def initial_snapshot(self) -> bytes:
         return self.env.template
 
-    async def _ask(self, header: dict[str, Any], timeout_s: float) -> tuple[dict, bytes]:
+    async def _ask(self, header: dict[str, Any], timeout_s: float, payload: bytes = b""
+                   ) -> tuple[dict, bytes]:
         async with self._lock:
-            reply, payload = await self.worker.request(dict(header, inst=self.inst), timeout_s)
+            reply, payload = await self.worker.request(dict(header, inst=self.inst), timeout_s,
+                                                       payload)
         if not reply.get("ok"):
             self.worker.kill(f"could not serve instance {self.inst}: {reply.get('error')}")
             raise WorkerLost(self.worker.lost)
@@ -317,4 +321,29 @@ class RemoteInstance:
             self.worker.kill("sent a malformed database image")
             raise WorkerLost(self.worker.lost)
         return data
+
+    async def restore(self, data: bytes) -> None:
+        """Take another instance's state (a fork); ``EnvLoadError`` if the worker cannot read
+        it (the instance stays fresh)."""
+        if not data.startswith(_SQLITE_MAGIC):
+            raise EnvLoadError(f"env {self.env.name!r}: not a database image", env=self.env.name)
+        reply, _ = await self._ask({"op": "restore"}, self.env.options.deadline_grace_s + 5,
+                                   payload=data)
+        self._restored(reply)
+
+    async def copy_from(self, other: RemoteInstance) -> None:
+        """Take ``other``'s state now (a fork): inside the worker when both live in the same one
+        (no bytes cross the channel), else through the front."""
+        if other.worker is not self.worker:
+            await self.restore(await other.snapshot())
+            return
+        async with other._lock:  # after the parent's calls already sent, before its next ones
+            reply, _ = await self._ask({"op": "clone", "src": other.inst},
+                                       self.env.options.deadline_grace_s + 5)
+        self._restored(reply)
+
+    def _restored(self, reply: dict[str, Any]) -> None:
+        if not reply.get("restored"):
+            raise EnvLoadError(f"env {self.env.name!r}: the worker could not restore the "
+                               f"state ({str(reply.get('error'))[:200]})", env=self.env.name)
 

@@ -4,8 +4,9 @@ Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.w
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
 one frame each way: ``new``/``drop`` an instance, ``call`` a tool, ``reset``, ``snapshot``,
-``isolation`` (the module-state probe). Generated code never sees the channel's fds by name;
-what it could do with them anyway is bounded by the front, which checks every reply.
+``restore``/``clone`` (a fork), ``isolation`` (the module-state probe). Generated code never sees the
+channel's fds by name; what it could do with them anyway is bounded by the front, which checks
+every reply.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from envfarm.worker import _frames
 _EXIT_GRACE_S = 1.0
 #: Largest tool answer passed on (an agent reads it; the front parses it).
 MAX_RESULT_BYTES = 8 << 20
+#: Threads (tasks of its uid) a worker may have: FastAPI runs sync handlers on up to 40 anyio
+#: threads, plus the event loop, the call watchdog and executors. A thread bomb stops here,
+#: with a typed error, instead of filling the host's pid table.
+MAX_THREADS = 128
 
 
 def _private_channel() -> tuple[int, int]:
@@ -36,14 +41,38 @@ def _private_channel() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
-    if not config.get("jail", True):
-        return "unconfined (the farm was started with --allow-unconfined)"
-    from envfarm.jail import JailPolicy, enter
+def _leave_project_root() -> None:
+    """The front puts the project's root on PYTHONPATH so that this process finds envfarm. A
+    checkout's root holds much more (tests, benchmarks, .git, local settings): once envfarm is
+    imported its package folder is enough, so the root leaves sys.path and with it the jail's
+    readable roots, which follow sys.path. An installed envfarm's root is site-packages: kept."""
+    import envfarm
 
-    policy = JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
-                        processes=False)
-    return enter(policy, keep_fds=keep).describe()
+    root = os.path.dirname(os.path.dirname(os.path.realpath(envfarm.__file__)))
+    if os.path.basename(root) in ("site-packages", "dist-packages"):
+        return
+    sys.path[:] = [p for p in sys.path if not (isinstance(p, str) and os.path.isabs(p)
+                                               and os.path.realpath(p) == root)]
+
+
+def _enter_jail(config: dict[str, Any], keep: tuple[int, ...]) -> str:
+    from envfarm import jail
+
+    policy = jail.JailPolicy(memory_mb=config.get("memory_mb"), max_open_files=64, threads=True,
+                             processes=False, uid=jail.uid_from_config(config),
+                             keep_imports=True,
+                             max_threads=MAX_THREADS if "uid_base" in config else None)
+    if not config.get("jail", True):  # switching uid needs no kernel feature: still done
+        jail.switch_identity(policy)
+        return f"unconfined (the farm was started with --allow-unconfined), {_who(policy)}"
+    return f"{jail.enter(policy, keep_fds=keep).describe()}, {_who(policy)}"
+
+
+def _who(policy) -> str:
+    uid = os.getuid()
+    if policy.max_threads and uid == policy.uid:
+        return f"uid {uid}, at most {policy.max_threads} threads"
+    return f"uid {uid}"
 
 
 class Worker:
@@ -113,6 +142,20 @@ class Worker:
         if op == "snapshot":
             async with inst.lock:
                 return {"ok": True}, inst.snapshot()
+        if op in ("restore", "clone"):  # a fork: the parent's state, sent or held here
+            if op == "clone":
+                src = self.instances.get(int(header.get("src", -1)))
+                if src is None:
+                    return {"ok": True, "restored": False, "error": "no source instance"}, b""
+                async with src.lock:
+                    payload = src.snapshot()
+            async with inst.lock:
+                try:
+                    inst.restore(payload)
+                except Exception as exc:  # noqa: BLE001 - bytes it cannot read: say so
+                    return {"ok": True, "restored": False,
+                            "error": f"{type(exc).__name__}: {exc}"[:300]}, b""
+            return {"ok": True, "restored": True}, b""
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
 
 
@@ -172,6 +215,7 @@ def main() -> None:
 
     import envfarm.runtime  # noqa: F401
 
+    _leave_project_root()
     # The event loop's self-pipe is a socketpair: made now, as the jail forbids sockets.
     loop = asyncio.new_event_loop()
     # Only fds 0-2 were inherited (the front spawns with close_fds): every other open fd is

@@ -2,15 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from envfarm import EnvBundle, EnvRuntime
-from envfarm.models import DBSchema, SampleData
+from envfarm import EnvRuntime
 
-from .toy_env import CODE, SAMPLE, SCHEMA
-
-
-def toy_bundle(code: str = CODE) -> EnvBundle:
-    return EnvBundle(name="toy", code=code, db_schema=DBSchema.model_validate(SCHEMA),
-                     sample_data=SampleData.model_validate(SAMPLE), tasks=["noop"])
+from tests.fakes.toy_env import toy_bundle
 
 
 @pytest.fixture(scope="module")

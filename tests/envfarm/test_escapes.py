@@ -20,8 +20,7 @@ import pytest
 from envfarm import EnvRuntime
 from envfarm.models import DBSchema, SampleData
 
-from .conftest import toy_bundle
-from .toy_env import CODE, SAMPLE, SCHEMA
+from tests.fakes.toy_env import CODE, SAMPLE, SCHEMA, toy_bundle
 
 HOSTILE = '''
 import threading, concurrent.futures, contextvars, time
@@ -479,7 +478,7 @@ def test_process_level_calls_are_refused_and_the_host_survives(tool, tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from tests.envfarm.test_escapes import hostile_code
-        from tests.envfarm.conftest import toy_bundle
+        from tests.fakes.toy_env import toy_bundle
         from envfarm import EnvRuntime
         inst = EnvRuntime(toy_bundle(hostile_code())).instance()
         res = inst.call_sync({tool!r}, {{}})

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from envfarm import EnvRuntime, _sqlite_guard
-from tests.envfarm.conftest import toy_bundle
-from tests.envfarm.toy_env import CODE
+from tests.fakes.toy_env import CODE, toy_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 THREADS, ROUNDS = 2, 150

@@ -16,8 +16,7 @@ import pytest
 
 from envfarm import EnvRuntime
 
-from .conftest import toy_bundle
-from .toy_env import CODE
+from tests.fakes.toy_env import CODE, toy_bundle
 
 KEEPER = '''
 import contextvars

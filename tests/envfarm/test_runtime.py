@@ -86,7 +86,7 @@ def test_sync_handlers_bind_to_the_calling_instance(toy_runtime):
 def test_bad_code_is_a_load_error_with_the_cause():
     from envfarm.errors import EnvLoadError
 
-    from .conftest import toy_bundle
+    from tests.fakes.toy_env import toy_bundle
 
     with pytest.raises(EnvLoadError, match="ModuleNotFoundError"):
         EnvRuntime(toy_bundle("import definitely_not_a_module\n"))

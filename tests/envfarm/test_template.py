@@ -5,7 +5,7 @@ import sqlite3
 from envfarm import build_template
 from envfarm.models import DBSchema, SampleData
 
-from .toy_env import SAMPLE, SCHEMA
+from tests.fakes.toy_env import SAMPLE, SCHEMA
 
 
 def _rows(data: bytes, sql: str):

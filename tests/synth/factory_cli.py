@@ -3,7 +3,7 @@ loop registered (what ``envfarm synth`` does), for tests that run it in a subpro
 
 from synth.cli import app
 from synth.factory.gate import register_agent_loop
-from tests.synth.factory_agent import trainer_agent_loop
+from tests.fakes.factory_agent import trainer_agent_loop
 
 if __name__ == "__main__":
     register_agent_loop(trainer_agent_loop)

@@ -17,7 +17,7 @@ ENV = "hotel_booking_1"
 def request(first: str = "I'd like to sort out my trip plans in my account, please."):
     """A QueryGen answer with one message per planned turn, ``first`` first (names no tool, no id
     unless ``first`` does); well-formed, but no agent can act on it."""
-    from tests.synth.factory_agent import query_prompt_of, staged_messages, turn_sizes
+    from tests.fakes.factory_agent import query_prompt_of, staged_messages, turn_sizes
 
     def answer(req: SeenRequest) -> str:
         sizes = turn_sizes(query_prompt_of(req)) or [1]
@@ -39,8 +39,8 @@ def prepare_run(out: Path, n: int = 10, seed: int = 0) -> list:
 
 
 def script_queries(mock: MockOpenAI) -> None:
-    """A scripted QueryGen and agent on ``mock`` (``tests.synth.factory_agent``), registered for the CLI."""
-    from tests.synth.factory_agent import script_world
+    """A scripted QueryGen and agent on ``mock`` (``tests.fakes.factory_agent``), registered for the CLI."""
+    from tests.fakes.factory_agent import script_world
 
     script_world(mock)
 

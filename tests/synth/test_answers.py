@@ -12,8 +12,8 @@ from synth._answers import ClassifierAnswer, SolutionAnswer, fix_target, parse_a
 from synth._jsonl import read_jsonl
 from synth._parse import ParseError
 from tests.fakes.mock_openai import MockOpenAI
-from tests.synth.fixtures import library
-from tests.synth.scripted import _j, script_pipeline
+from tests.fakes.synth_fixtures import library
+from tests.fakes.scripted_synth import _j, script_pipeline
 from tests.synth.test_integrity import _one_scenario, _report, _run
 from tests.synth.test_scenario_stage import _run as run_scenarios
 

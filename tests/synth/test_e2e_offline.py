@@ -19,7 +19,7 @@ from judge import VerifierSandbox
 from synth._jsonl import read_jsonl
 from synth.cli import app
 from tests.fakes.mock_openai import MockOpenAI
-from tests.synth.scripted import script_pipeline, write_seeds
+from tests.fakes.scripted_synth import script_pipeline, write_seeds
 
 pytestmark = pytest.mark.slow
 

@@ -167,7 +167,7 @@ def test_graph_then_chains_on_a_synth_output_folder(tmp_path) -> None:
     import json
 
     from synth.cli import app
-    from tests.synth.fixtures import library
+    from tests.fakes.synth_fixtures import library
 
     records = {"gen_db.jsonl": {"scenario": "library_1", "db_schema": {"tables": library.TABLES}},
                "gen_sample.jsonl": {"scenario": "library_1", "sample_data": {"tables": library.SAMPLE}},

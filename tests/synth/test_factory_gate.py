@@ -19,7 +19,7 @@ from synth.factory.gate import (
 from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import make_episodes
 from synth.factory.verifier import verifier_code, wrong_answers
-from tests.synth.factory_agent import Plan, ScriptedWorld, scripted_solver
+from tests.fakes.factory_agent import Plan, ScriptedWorld, scripted_solver
 from tests.synth.factory_run import request
 
 

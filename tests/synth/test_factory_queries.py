@@ -21,7 +21,7 @@ from synth.factory.graph import factory_dir
 from synth.factory.model import Binding, Chain, Step, task_text
 from synth.factory.queries import EPISODES_FILE, make_episode
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.factory_agent import (
+from tests.fakes.factory_agent import (
     ScriptedWorld,
     script_refine,
     script_world,

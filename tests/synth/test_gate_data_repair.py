@@ -22,8 +22,8 @@ from synth._sql import run_inserts
 from synth.cli import app
 from synth.stages.sample import PATCH_FILE, merge_tables, run_extra_inserts
 from tests.fakes.mock_openai import MockOpenAI, Reply
-from tests.synth.fixtures import cookbook, recipes
-from tests.synth.scripted import _fenced, _j, _verifier_answer
+from tests.fakes.synth_fixtures import cookbook, recipes
+from tests.fakes.scripted_synth import _fenced, _j, _verifier_answer
 from tests.synth.test_resume_after_kill import KEYS, REPO, _run_until
 
 NAME = cookbook.NAME

@@ -27,8 +27,8 @@ from synth._jsonl import read_jsonl
 from synth._probe import load_runtime, make_bundle
 from synth.cli import app
 from tests.fakes.mock_openai import MockOpenAI
-from tests.synth.fixtures import library, recipes
-from tests.synth.scripted import _fenced, _j, _verifier_answer, script_pipeline
+from tests.fakes.synth_fixtures import library, recipes
+from tests.fakes.scripted_synth import _fenced, _j, _verifier_answer, script_pipeline
 
 # return_loan compares with the wrong case: every call answers 400 "loan N is not active".
 ENV_RETURN_ALWAYS_400 = library.ENV_CODE.replace('if loan.status != "active":', 'if loan.status != "ACTIVE":')

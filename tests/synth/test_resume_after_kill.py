@@ -16,7 +16,7 @@ import pytest
 
 from synth._jsonl import JsonlStore, read_jsonl
 from tests.fakes.mock_openai import MockOpenAI
-from tests.synth.scripted import script_pipeline, write_seeds
+from tests.fakes.scripted_synth import script_pipeline, write_seeds
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {

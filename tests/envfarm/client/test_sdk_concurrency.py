@@ -25,7 +25,7 @@ def echo():
 
 
 def test_the_default_transport_is_aiohttp():
-    # chosen by measurement: benchmarks/bench_sdk_transport.py, RESULTS.md "SDK transport"
+    # chosen by measurement: benchmarks/farm/bench_sdk_transport.py, RESULTS.md "SDK transport"
     assert HTTPTransport is AiohttpTransport
 
 

@@ -1,5 +1,5 @@
 """A hundred env types on one farm, loaded on demand into jailed workers (issue 26 at small
-scale; the 1,000-type figures come from benchmarks/bench_on_demand.py)."""
+scale; the 1,000-type figures come from benchmarks/farm/bench_on_demand.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.make_catalog_1k import make_catalog
+from tests.fakes.catalog_1k import make_catalog
 from envfarm.catalog import load_catalog
 from envfarm.client import ASGITransport, Farm
 from envfarm.errors import EnvBroken, TooManyTypesLoaded

@@ -1,7 +1,7 @@
 """The live status page in a real headless Chromium, against a real --no-ray farm on loopback.
 
 ``ENVFARM_STATUS_SCREENSHOT=docs/status.png pytest tests/envfarm/farm/test_status_page.py``
-also saves what the browser saw (the README's screenshot).
+also saves what the browser saw (the screenshot in docs/operations.md).
 """
 
 from __future__ import annotations

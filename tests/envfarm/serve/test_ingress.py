@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from benchmarks._soak_procs import haproxy_config, haproxy_servers
+from cluster.haproxy import haproxy_config, haproxy_servers
 from envfarm.farm import FarmConfig
 from envfarm.serve import DeploymentOptions
 from envfarm.serve._ingress import (

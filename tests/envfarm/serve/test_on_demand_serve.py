@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from benchmarks.make_catalog_1k import make_catalog
+from tests.fakes.catalog_1k import make_catalog
 from envfarm.client import Farm
 from envfarm.errors import EnvBroken
 from tests.envfarm.serve.conftest import _start

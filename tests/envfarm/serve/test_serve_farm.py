@@ -129,6 +129,44 @@ async def test_front_serves_the_status_page_over_every_replica(serve_farm):
     assert status["leases"] == sum(r["leases"] for r in replicas.values()) >= 6
 
 
+async def test_openenv_episode_and_fork_through_serve(serve_farm, bundled_catalog):
+    """openenv-core's client through Serve's ingress: the front holds the sockets, the leases
+    live in pool replicas (owner-routed), a fork branches one there; closing releases both."""
+    pytest.importorskip("openenv.core.mcp_client", reason="openenv-core is not installed")
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    from tests.envfarm.farm.openenv_client import AWMShaped
+
+    steps = bundled_catalog[ENV].solutions[4]
+
+    async def leases() -> int:  # over every replica now (healthz keeps its answer 1 s)
+        return (await farm._json("GET", "/status.json", safe=True))["leases"]
+
+    async with Farm(serve_farm.url) as farm:
+        before = await leases()
+        async with AWMShaped(base_url=serve_farm.url) as parent, \
+                AWMShaped(base_url=serve_farm.url) as branch:
+            await parent.reset(scenario=ENV, task_idx=4)
+            assert len(await parent.list_tools()) > 10
+            for step in steps[:2]:
+                await parent.step(CallToolAction(tool_name=step.tool, arguments=step.arguments))
+            forked = (await parent.step(CallToolAction(tool_name="fork"))).observation
+            fork = forked.tool_result
+            obs = (await branch.reset(scenario=ENV, task_idx=4, lease_id=fork["lease_id"],
+                                      lease_token=fork["token"])).observation
+            assert obs.reward_type == "reset_ok", obs.error
+            for step in steps[2:]:
+                await branch.step(CallToolAction(tool_name=step.tool, arguments=step.arguments))
+            assert (await branch.step(CallToolAction(tool_name="verify"))).reward == 1.0
+            assert (await parent.step(CallToolAction(tool_name="verify"))).reward < 1.0
+            assert fork["lease_id"].split("-")[0] == fork["forked_from"].split("-")[0]
+            assert await leases() == before + 2
+        deadline = time.monotonic() + 10
+        while await leases() > before:
+            assert time.monotonic() < deadline, "closed sockets kept their leases"
+            await asyncio.sleep(0.2)
+
+
 async def test_killed_replica_gives_410_and_the_farm_goes_on(serve_farm):
     """SIGKILL a replica while calls flow on leases of every replica: its leases get a typed
     410 (in-flight calls included), never a fresh state; other leases never notice."""
@@ -202,3 +240,25 @@ def test_healthz_says_ready_with_every_env_warm(serve_farm):
     assert health["ready"] is True and health["waiting_for"] == [] and health["envs"] == [ENV]
     assert health["free_instances"] >= 1
     assert httpx.get(serve_farm.url + "/status.json").json()["ready"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a farm that is not root keeps its uid in workers")
+def test_env_workers_under_serve_run_as_uids_of_their_own(serve_farm):
+    """The replicas spawn workers independently; each still gets an unprivileged uid no other
+    worker has (issue 34)."""
+    import psutil
+
+    # Leases on several replicas, so several replicas have a worker (the replica an earlier test
+    # killed may not take leases yet).
+    with httpx.Client(base_url=serve_farm.url, timeout=60) as c:
+        infos = [c.post(f"/envs/{ENV}/leases", json={}).json() for _ in range(6 * REPLICAS)]
+        replicas = len({i["lease_id"].split("-")[0] for i in infos})
+        assert replicas >= 2
+        try:
+            uids = [p.uids().real for p in psutil.Process().children(recursive=True)
+                    if "envfarm.worker" in " ".join(p.cmdline())]
+        finally:
+            for info in infos:
+                c.delete(f"/envs/{ENV}/leases/{info['lease_id']}", headers=auth(info))
+    assert len(uids) >= replicas
+    assert all(uid >= 0x7000_0000 for uid in uids) and len(set(uids)) == len(uids), uids

@@ -10,7 +10,7 @@ import pytest
 from envfarm.catalog import Catalog
 from envfarm.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
-from tests.envfarm.conftest import toy_bundle
+from tests.fakes.toy_env import toy_bundle
 from tests.envfarm.worker.hostile_env import HOSTILE, with_code
 
 SECRET = "front-secret-7f3a9c"

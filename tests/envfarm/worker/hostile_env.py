@@ -6,7 +6,7 @@ whatever layer stopped it. ``posix``/``_posixsubprocess``/``ctypes`` are used on
 are the C modules behind what the in-process hooks patch, so only the kernel stops them.
 """
 
-from tests.envfarm.toy_env import CODE
+from tests.fakes.toy_env import CODE
 
 _TAIL = 'if __name__ == "__main__":'
 

@@ -1,0 +1,1 @@
+"""The trust boundary: the kernel jail's cost, the front-to-worker channel, jailed workers against env code in process."""

@@ -1,0 +1,270 @@
+"""Soak: N leases with calls flowing against the Serve farm for D seconds, one replica killed at D/2.
+
+Each lease writes its own state (a wishlist named after it) and then reads it back call after
+call (one call per HTTP request): a read that misses its own write or shows another lease's is
+a wrong-state error. A lease that answers 410 is replaced by a new one. Reports errors by kind,
+which leases got 410 (only the killed replica's may), RSS over time per process group with a
+linear slope, and calls/s over time, as JSON and a PNG plot. Not part of ``make test``.
+
+    unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/load/soak.py'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.load._soak_procs import GROUPS, RssLog
+from benchmarks.load.bench_farm_load import ENV, auth, pct
+from cluster.haproxy import haproxy_servers
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+LEASE_NAME = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{16}$")
+#: Lease TTL beyond the traffic's duration (acquiring 1,024 leases takes up to a minute or two).
+TTL_MARGIN_S = 900.0
+
+
+class Soak:
+    """The traffic and everything it saw."""
+
+    def __init__(self, url: str, leases: int, duration_s: float) -> None:
+        self.url, self.n, self.duration_s = url, leases, duration_s
+        self.errors: Counter = Counter()
+        self.gone_owners: Counter = Counter()
+        self.per_second: Counter = Counter()
+        self.latencies: list[float] = []
+        self.calls = 0
+        self.held = 0
+        self.t0 = 0.0
+        self.stop = asyncio.Event()
+
+    async def _acquire(self, s: aiohttp.ClientSession) -> dict:
+        # A TTL past the run: the default (1 h) would end every lease of a 1 h soak.
+        ttl = {"ttl_s": self.duration_s + TTL_MARGIN_S}
+        while True:
+            try:
+                async with s.post(f"{self.url}/envs/{ENV}/leases", json=ttl) as r:
+                    if r.status == 201:
+                        info = await r.json()
+                        body = {"tool": "create_wishlist",
+                                "arguments": {"name": info["lease_id"]}}
+                        async with s.post(self._call_url(info), json=body,
+                                          headers=auth(info)) as w:
+                            if w.status == 200:
+                                return info
+                            self._error(w.status, await w.read(), w.content_type)
+                    else:
+                        self._error(r.status, await r.read(), r.content_type)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.errors[f"transport {type(exc).__name__}"] += 1
+            await asyncio.sleep(0.2)
+
+    def _call_url(self, info: dict) -> str:
+        return f"{self.url}/envs/{ENV}/leases/{info['lease_id']}/call"
+
+    def _error(self, status: int, body: bytes, content_type: str) -> None:
+        if "json" in content_type:
+            try:
+                kind = json.loads(body)["error"]["kind"]
+            except (ValueError, KeyError, TypeError):
+                kind = "unparsed"
+            self.errors[f"{status} {kind}"] += 1
+        else:  # HAProxy's own error page, or Serve's bare text
+            self.errors[f"{status} non-json"] += 1
+
+    async def lease_loop(self, s: aiohttp.ClientSession, ready: asyncio.Event) -> None:
+        info = await self._acquire(s)
+        self.held += 1
+        await ready.wait()
+        read = {"tool": "list_wishlists"}
+        while not self.stop.is_set():
+            t = time.monotonic()
+            try:
+                async with s.post(self._call_url(info), json=read, headers=auth(info)) as r:
+                    body = await r.read()
+                    status, ctype = r.status, r.content_type
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.errors[f"transport {type(exc).__name__}"] += 1
+                await asyncio.sleep(0.2)
+                continue
+            now = time.monotonic()
+            self.calls += 1
+            self.per_second[int(now - self.t0)] += 1
+            if self.calls % 16 == 0:
+                self.latencies.append(now - t)
+            if status == 200:
+                names = [w["name"] for w in json.loads(body)["result"]["wishlists"]
+                         if LEASE_NAME.match(w["name"])]
+                if names != [info["lease_id"]]:
+                    self.errors["wrong_state"] += 1
+                continue
+            self._error(status, body, ctype)
+            if status == 410:  # its replica is gone: record whose, take a new lease
+                self.gone_owners[info["lease_id"].split("-")[0]] += 1
+                info = await self._acquire(s)
+
+
+def only_loopback() -> bool:
+    return {name for _, name in socket.if_nameindex()} <= {"lo"}
+
+
+async def replicas(app: str) -> dict[str, int]:
+    from ray import serve
+
+    handle = serve.get_deployment_handle("pool", app_name=app)
+    out = {}
+    for i in range(8):
+        who = await handle.whoami.remote(owner=f"#{i}")
+        out[who["owner"]] = who["pid"]
+    return out
+
+
+async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
+    soak = Soak(url, args.leases, args.duration)
+    rss = RssLog(session_dir)
+    ready = asyncio.Event()
+    conn = aiohttp.TCPConnector(limit=args.connections)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=60)) as s:
+        loops = [asyncio.create_task(soak.lease_loop(s, ready)) for _ in range(args.leases)]
+        t_acq = time.monotonic()
+        while soak.held < args.leases:
+            await asyncio.sleep(1.0)
+            print(f"leases held: {soak.held}/{args.leases}", file=sys.stderr, flush=True)
+        acquire_s = time.monotonic() - t_acq
+        before = await replicas(f"env-{ENV}")
+        victim = min(before)
+        soak.t0 = rss.t0 = time.monotonic()
+        ready.set()
+        kill_at = args.duration / 2 if not args.no_kill else None
+        killed = False
+        while (elapsed := time.monotonic() - soak.t0) < args.duration:
+            if kill_at is not None and not killed and elapsed >= kill_at:
+                os.kill(before[victim], signal.SIGKILL)  # a replica Ray started for this run
+                killed = True
+            await asyncio.to_thread(rss.sample)
+            print(f"t={elapsed:.0f}s calls={soak.calls} errors={dict(soak.errors)}",
+                  file=sys.stderr, flush=True)
+            await asyncio.sleep(max(0.0, args.sample_s - (time.monotonic() - soak.t0 - elapsed)))
+        soak.stop.set()
+        await asyncio.gather(*loops)
+        after = await replicas(f"env-{ENV}")
+    result = report(args, soak, rss, acquire_s, before, after, victim, kill_at)
+    # Which server took the traffic: a replica marked down sends it to the Python-proxy fallback.
+    result["haproxy_servers"] = haproxy_servers(url)
+    return result
+
+
+def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after: dict,
+           victim: str, kill_at: float | None) -> dict:
+    series = [soak.per_second.get(t, 0) for t in range(int(args.duration))]
+    failures = []
+    if set(soak.gone_owners) - ({victim} if kill_at is not None else set()):
+        failures.append(f"410 on leases of live replicas: {dict(soak.gone_owners)}")
+    if soak.errors["wrong_state"]:
+        failures.append(f"{soak.errors['wrong_state']} calls saw a wrong state")
+    bad = {k: v for k, v in soak.errors.items() if k[0] == "5" or k.startswith("transport")}
+    if bad:
+        failures.append(f"5xx/transport errors: {bad}")
+    return {
+        "config": {"leases": args.leases, "duration_s": args.duration, "replicas": args.replicas,
+                   "connections": args.connections, "tool": "list_wishlists (reads own state)",
+                   "cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
+        "acquire_all_s": round(acquire_s, 1),
+        "calls": soak.calls, "calls_per_s": round(soak.calls / args.duration, 1),
+        "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
+        "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
+        "errors_by_kind": dict(soak.errors),
+        "killed": {"owner": victim if kill_at is not None else None, "at_s": kill_at,
+                   "replicas_before": sorted(before),
+                   "replicas_after": sorted(after)},
+        "gone_leases_by_owner": dict(soak.gone_owners),
+        "rss": rss.report(kill_at), "rss_samples": {"t_s": rss.times, "mib": rss.samples},
+        "calls_per_s_by_second": series,
+        "ok": not failures, "failures": failures,
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    series = result["calls_per_s_by_second"]
+    w = 5
+    smooth = [sum(series[i:i + w]) / len(series[i:i + w]) for i in range(0, len(series), w)]
+    top.plot([i * w for i in range(len(smooth))], smooth)
+    top.set_ylabel("calls/s (5 s mean)")
+    samples = result["rss_samples"]
+    for g in GROUPS:
+        bottom.plot(samples["t_s"], [s[g] for s in samples["mib"]], label=g)
+    bottom.set_ylabel("RSS MiB (sum per group)")
+    bottom.set_xlabel("seconds")
+    bottom.legend(fontsize=7, ncol=4)
+    for ax in (top, bottom):
+        if result["killed"]["at_s"] is not None:
+            ax.axvline(result["killed"]["at_s"], color="red", linestyle="--")
+    cfg = result["config"]
+    at = result["killed"]["at_s"]
+    killed = f"one killed at {at:.0f} s" if at is not None else "none killed"
+    fig.suptitle(f"envfarm soak: {cfg['leases']} leases, {cfg['replicas']} replicas, "
+                 f"{killed} ({cfg['cores']} cores)")
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--leases", type=int, default=1024)
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--connections", type=int, default=1024, help="client connection limit")
+    p.add_argument("--no-kill", action="store_true", help="kill no replica")
+    p.add_argument("--max-ongoing", type=int, default=None,
+                   help="max_ongoing_requests per pool replica (default: the farm's)")
+    p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
+    p.add_argument("--name", default="soak", help="results/<name>.json and .png")
+    args = p.parse_args()
+    if not only_loopback():
+        sys.exit("run inside a private network namespace: "
+                 "unshare --net sh -c 'ip link set lo up && exec python benchmarks/load/soak.py'")
+    import ray
+
+    from envfarm.farm import FarmConfig, PoolConfig, free_port
+    from envfarm.serve import DeploymentOptions, ServeOptions, start_farm
+
+    ongoing = {} if args.max_ongoing is None else {"max_ongoing_requests": args.max_ongoing}
+    farm = start_farm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8)),
+                      ServeOptions(port=free_port(), num_cpus=2,
+                                   deployment=DeploymentOptions(num_replicas=args.replicas,
+                                                                **ongoing)))
+    try:
+        session = ray._private.worker._global_node.get_session_dir_path()
+        result = asyncio.run(run(args, farm.url, session))
+    finally:
+        farm.shutdown()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / f"{args.name}.png")
+    brief = {k: result[k] for k in ("calls", "calls_per_s", "p50_ms", "p99_ms", "errors_by_kind",
+                                    "gone_leases_by_owner", "ok", "failures")}
+    print(json.dumps(brief, indent=1))
+    print(json.dumps({g: r["slope_whole_mib_per_min"] for g, r in result["rss"].items()}))
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
