@@ -1,7 +1,7 @@
 """Sum up ``envfarm learn`` runs over seeds: the held-out and train gains of GRPO over SFT, their
 mean and standard deviation, whether issue 31's target is met, CPU and wall time; one figure.
 
-    python benchmarks/learn_summary.py runs/learn_s0 runs/learn_s1 runs/learn_s2 \\
+    python benchmarks/trainer/learn_summary.py runs/learn_s0 runs/learn_s1 runs/learn_s2 \\
         --name learn_cpu --plot docs/learning_cpu.png
 
 Writes ``benchmarks/results/<name>_seed<N>.json`` (each run's learn.json) and
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

@@ -1,6 +1,6 @@
 """``envfarm learn`` on the LLM-judge reward path, against a MOCK judge model.
 
-    python benchmarks/learn_judge.py --config trainer/configs/learn_cpu.yaml --seed 0 --out-dir runs/learn_judge_s0
+    python benchmarks/trainer/learn_judge.py --config trainer/configs/learn_cpu.yaml --seed 0 --out-dir runs/learn_judge_s0
 
 The same run as ``envfarm learn`` (suite, SFT, evaluations by the farm's code verifier), except
 that GRPO's rewards come from the paper's code-augmented LLM judge (``grpo.reward_path: llm``,
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.fakes.mock_openai import MockOpenAI, SeenRequest  # noqa: E402
