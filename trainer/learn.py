@@ -69,6 +69,7 @@ class SFTConfig(BaseModel):
 
     epochs: int = Field(default=8, ge=0, description="at most")
     lr: float = Field(default=2e-3, gt=0)
+    cosine: bool = Field(default=False, description="decay the rate to 0 over `epochs` (else constant)")
     batch: int = Field(default=32, ge=1, description="samples per optimizer step")
     micro_batch: int = Field(default=16, ge=1, description="rows per forward pass")
     share: float = Field(default=1.0, gt=0, le=1, description="share of the train tasks SFT sees")
@@ -273,7 +274,8 @@ class _Run:
             return (got["success_rate"] or 0.0) >= s.stop_at
 
         losses = sft(self.model, samples, self.tokenizer.pad_token_id, epochs=s.epochs, lr=s.lr,
-                     batch=s.batch, micro_batch=s.micro_batch, seed=self.cfg.seed, after_epoch=after_epoch)
+                     batch=s.batch, micro_batch=s.micro_batch, seed=self.cfg.seed, cosine=s.cosine,
+                     after_epoch=after_epoch)
         self.report["sft"] = {"tasks": len(jobs), "samples": sum(map(len, samples)), "loss": losses,
                               "epochs": len(losses), "probe": curve, "probe_tasks": len(probe)}
         self.clock.stage("sft", wall0, cpu0)

@@ -132,16 +132,22 @@ def packed_logprobs(model: Any, rows: Sequence[Packed], pad_id: int) -> Any:
 
 
 def sft(model: Any, episodes: list[list[Any]], pad_id: int, *, epochs: int, lr: float, batch: int,
-        micro_batch: int, seed: int, after_epoch: Callable[[int, float], bool] | None = None
-        ) -> list[float]:
+        micro_batch: int, seed: int, cosine: bool = False,
+        after_epoch: Callable[[int, float], bool] | None = None) -> list[float]:
     """Supervised steps on the turns of ``episodes`` (each a list of turn samples, packed:
     :func:`pack`): token-mean over each batch of ``batch`` sequences, run ``micro_batch`` rows at a
-    time, rows of similar length together; the mean loss of each epoch. ``after_epoch(epoch,
-    loss)`` returning True stops early."""
+    time, rows of similar length together; the mean loss of each epoch. ``cosine``: the rate
+    decays to 0 over ``epochs`` (else constant). ``after_epoch(epoch, loss)`` returning True stops
+    early."""
+    import math
+
     import torch
 
     rows = [p for e in episodes for p in pack(e)]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    steps = epochs * math.ceil(len(rows) / batch)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, (lambda k: 0.5 * (1 + math.cos(math.pi * k / steps))) if cosine else (lambda k: 1.0))
     rng = random.Random(seed)
     order = list(range(len(rows)))
     losses: list[float] = []
@@ -159,6 +165,7 @@ def sft(model: Any, episodes: list[list[Any]], pad_id: int, *, epochs: int, lr: 
                 total += float(-logp.detach().sum())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            sched.step()
             tokens += n
         losses.append(total / max(1, tokens))
         if after_epoch is not None and after_epoch(epoch, losses[-1]):

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 SPLITS = ("train", "heldout_values", "heldout_chains")
-_VERSION = "1"  # bump when the build changes in a way the config cannot show
+_VERSION = "2"  # 2: numbered steps in the requests  # bump when the build changes in a way the config cannot show
 
 
 class SuiteConfig(BaseModel):

@@ -1,11 +1,11 @@
 """A deterministic request writer for executed chains, where no LLM is at hand: a TEMPLATE, not QueryGen.
 
 QueryGen (``synth.factory.querygen``) has an LLM write what a user would type: implicit intent, no
-tool names, no internal ids. Without an LLM, this writer states the chain explicitly, one sentence
-per call: the tool's own one-line summary from the env's API spec, then every argument the call
-was given, by parameter name, in call order::
+tool names, no internal ids. Without an LLM, this writer states the chain explicitly, one numbered
+step per call: the tool's own one-line summary from the env's API spec, then every argument the
+call was given, by parameter name, in call order::
 
-    Temporarily lock a card: card_id 3. Transfer money: from_account_id 1, to_account_id 2, amount 50.0.
+    Step 1: Temporarily lock a card: card_id 3. Step 2: Transfer money: from_account_id 1, to_account_id 2, amount 50.0.
 
 An agent can do what it says without guessing (every value it needs is in the text, ids included:
 this writer is explicit by design), and cannot learn it by heart (the values change from draw to
@@ -55,7 +55,8 @@ class TemplateWriter:
         return cls({t.name: (t.description or t.name).strip().split("\n", 1)[0] for t in tools})
 
     def message(self, ex: Executed) -> str:
-        return " ".join(step_sentence(self.summaries.get(c.tool, c.tool), c.arguments) for c in ex.calls)
+        return " ".join(f"Step {k}: " + step_sentence(self.summaries.get(c.tool, c.tool), c.arguments)
+                        for k, c in enumerate(ex.calls, 1))
 
     async def write(self, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
                     stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:

@@ -33,8 +33,8 @@ def test_requests_state_each_call_and_never_a_tool_name(lending_chains) -> None:
         text = plan.turns[0].message
         assert why == "" and turns == [len(ex.calls)] and WRITER in plan.profile
         assert text == writer.message(ex)  # deterministic: the same chain and values, the same text
-        for call in ex.calls:
-            assert writer.summaries[call.tool].rstrip(".") in text
+        for k, call in enumerate(ex.calls, 1):
+            assert f"Step {k}: {writer.summaries[call.tool].rstrip('.')}" in text
             assert all(f"{k} " in text and str(v).strip('"') in text for k, v in call.arguments.items())
         assert not any(f" {tool}" in f" {text}" for tool in tools)
 
@@ -57,4 +57,5 @@ def test_make_candidate_takes_the_writer_instead_of_an_llm(lending_chains, sandb
     for episode, candidate in ready:
         first = episode.calls[0]
         assert candidate.task == episode.messages[0] and episode.verifier_code
-        assert episode.messages[0].startswith(step_sentence(writer.summaries[first.tool], first.arguments))
+        assert episode.messages[0].startswith("Step 1: " + step_sentence(writer.summaries[first.tool],
+                                                                         first.arguments))
