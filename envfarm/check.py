@@ -58,6 +58,10 @@ class EnvReport(BaseModel):
     module_state: list[str] = Field(default_factory=list, description=(
         "Module globals that tool calls change (with --probe): leases would see each other "
         "through them, so the farm gives such an env a worker per lease."))
+    probed: int = Field(0, description="Tasks the hack probes ran on (with --hacks).")
+    hackable: dict[int, str] = Field(default_factory=dict, description=(
+        "Tasks a hack probe passes (or whose verifier cannot judge one), with which (with "
+        "--hacks; envfarm.hackprobes): a farm quarantines them once flagged."))
     task_checks: list[TaskCheck] = Field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -106,16 +110,19 @@ async def check_task(runtime: EnvRuntime, idx: int, sandbox: Any) -> TaskCheck:
 
 async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[ToolCall],
                          sandbox: Any, *, task_idx: int = -1, sql_verifier: str | None = None,
-                         final_answer: str | None = None) -> TaskCheck:
+                         final_answer: str | None = None, initial: bytes | None = None) -> TaskCheck:
     """Run ``calls`` on a fresh instance (stopping at the first failure), then the code-mode
     verifier on (initial, final) with the solution's ``final_answer`` and on a no-op (initial,
-    initial) with none. An sql-mode verifier, when given, must return facts the judge can use."""
+    initial) with none. An sql-mode verifier, when given, must return facts the judge can use.
+    ``initial``: the task's own starting database (default: the task's state in the bundle,
+    else the template)."""
     check = TaskCheck(task_idx=task_idx, solvable=False, final_answer=final_answer)
     if not calls:
         check.calls_failed = True
         check.problems.append("the reference solution has no tool calls")
         return check
-    inst = runtime.instance()
+    initial = initial if initial is not None else runtime.task_initial(task_idx if task_idx >= 0 else None)
+    inst = runtime.instance(initial)
     try:
         for step, call in enumerate(calls):
             res = await inst.call(call.tool, call.arguments)
@@ -130,7 +137,6 @@ async def check_solution(runtime: EnvRuntime, verifier_code: str, calls: list[To
         final = inst.snapshot()
     finally:
         inst.close()
-    initial = runtime.template.data
     runs = [sandbox.run(verifier_code, initial, final, final_answer, mode="code"),
             sandbox.run(verifier_code, initial, initial, mode="code")]
     if sql_verifier is not None:

@@ -13,11 +13,13 @@ from rich.table import Table
 
 from envfarm.catalog import load_catalog
 from envfarm.check import EnvReport, check_env
+from envfarm.cli_hacks import print_hacks, probe_catalog_env, quarantine_app, write_flags
 from envfarm.errors import EnvfarmError, EnvLoadError
 from envfarm.runtime import EnvRuntime
 
 app = typer.Typer(help="Inspect and check environment catalogs (AWM JSONL folders).",
                   no_args_is_help=True)
+app.add_typer(quarantine_app, name="quarantine")
 console = Console(soft_wrap=True)
 
 CatalogPath = Annotated[Optional[Path], typer.Argument(
@@ -91,6 +93,16 @@ def check_envs(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of reports.")] = False,
     env: Annotated[Optional[list[str]], typer.Option(help="Only these envs.")] = None,
     probe: Annotated[bool, typer.Option(help="Also call every tool with example arguments.")] = False,
+    hacks: Annotated[bool, typer.Option(help=(
+        "Also run the hack probes on every task with a verifier (envfarm.hackprobes): no-op, "
+        "echo, guesses, a dump, a destructive write beside the reference, the reference minus "
+        "its last write."))] = False,
+    write_flags_: Annotated[bool, typer.Option("--write-flags", help=(
+        "With --hacks: write gen_probes.jsonl at the catalog's root; a farm quarantines the "
+        "tasks it flags at load."))] = False,
+    judge_base_url: Annotated[Optional[str], typer.Option(help=(
+        "With --hacks: also probe the LLM-judge path, with this OpenAI-compatible judge."))] = None,
+    judge_model: Annotated[Optional[str], typer.Option(help="The judge model.")] = None,
 ) -> None:
     """Load every env, build its DB, list its tools and run each reference solution.
 
@@ -98,11 +110,17 @@ def check_envs(
     """
     catalog = _load(path)
     names = [catalog[n].name for n in env] if env else catalog.names
-    reports = asyncio.run(_check_all(catalog, names, probe))
+    llm = {"base_url": judge_base_url, "model": judge_model} if judge_base_url else None
+    reports, probes = asyncio.run(_check_all(catalog, names, probe, hacks, llm))
     if as_json:
         typer.echo(json.dumps([r.summary() for r in reports], indent=2))
     else:
         _print_reports(reports)
+        print_hacks(reports)
+    if write_flags_ and hacks:
+        written = write_flags(catalog.root, catalog, probes)
+        if not as_json:
+            console.print(f"wrote {written}: {sum(len(r.hackable) for r in reports)} task(s) flagged")
     failed = [r.name for r in reports if not r.loaded and catalog[r.name].servable]
     if failed:
         if not as_json:
@@ -110,28 +128,45 @@ def check_envs(
         raise typer.Exit(1)
 
 
-async def _check_all(catalog, names: list[str], probe: bool) -> list[EnvReport]:
-    from judge import VerifierSandbox
+async def _check_all(catalog, names: list[str], probe: bool, hacks: bool = False,
+                     llm: dict | None = None) -> tuple[list[EnvReport], list]:
+    from judge import Judge, JudgeConfig, VerifierSandbox
 
     with VerifierSandbox() as sandbox:
-        reports = []
+        judges = [Judge(JudgeConfig(use_llm="never"), sandbox=sandbox)]
+        if hacks and llm:
+            from envfarm.llm import LLMClient, LLMConfig
+
+            judges.append(Judge(JudgeConfig(use_llm="always"), sandbox=sandbox,
+                                llm_client=LLMClient(LLMConfig.from_env(**{k: v for k, v in llm.items() if v}))))
+        reports, probes = [], []
         for name in names:
             bundle = catalog[name]
+            runtime = None
             if not bundle.servable:
-                reports.append(EnvReport(name=name, loaded=False, tasks=len(bundle.tasks),
-                                         problems=list(bundle.problems)))
-                continue
-            reports.append(await check_env(bundle, sandbox, probe=probe))
-        return reports
+                report = EnvReport(name=name, loaded=False, tasks=len(bundle.tasks),
+                                   problems=list(bundle.problems))
+            else:
+                try:
+                    runtime = EnvRuntime(bundle)
+                except EnvLoadError:
+                    runtime = None
+                report = await check_env(bundle, sandbox, probe=probe, runtime=runtime)
+            if hacks and (runtime is not None or not bundle.servable):
+                probes += await probe_catalog_env(catalog, name, report, runtime, judges)
+            reports.append(report)
+        for judge in judges:
+            await judge.aclose()
+        return reports, probes
 
 
 def _print_reports(reports: list[EnvReport]) -> None:
     table = Table("env", "loaded", "tables", "rows", "tools", "tasks", "solvable", "build ms",
-                  "problems", "defects")
+                  "problems", "defects", "probed", "hackable")
     for r in reports:
         table.add_row(r.name, "yes" if r.loaded else "no", str(r.tables), str(r.rows),
                       str(r.tools), str(r.tasks), str(r.solvable), f"{r.build_ms:.0f}",
-                      str(len(r.problems)), str(len(r.defects)))
+                      str(len(r.problems)), str(len(r.defects)), str(r.probed), str(len(r.hackable)))
     console.print(table)
     for r in reports:
         for problem in r.problems:

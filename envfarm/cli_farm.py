@@ -25,6 +25,7 @@ from envfarm.errors import EnvfarmError
 from envfarm.farm import (
     FarmConfig,
     PoolConfig,
+    QuarantineConfig,
     Tenant,
     TenantsConfig,
     hash_key,
@@ -84,6 +85,15 @@ ApiKeyOpt = Annotated[list[str] | None, typer.Option(
                       "$ENVFARM_API_KEYS (NAME:KEY,...): a command line is visible to others.")]
 
 
+QuarantineShareOpt = Annotated[float, typer.Option(
+    "--quarantine-share", min=0.0, max=1.0,
+    help="Take a task (or env type) out of rotation when over this share of its tool calls fail "
+         "on the env's side, or of its verifications give no verdict, in the window "
+         "(docs/integrity.md); 1 never does.")]
+QuarantineWindowOpt = Annotated[float, typer.Option(
+    "--quarantine-window", min=1.0, help="Seconds the quarantine counts over.")]
+
+
 def _names(text: str | None) -> list[str] | None:
     return [e.strip() for e in text.split(",") if e.strip()] if text else None
 
@@ -92,8 +102,10 @@ def _config(catalog: Path | None, envs: str | None, warm: int,
             tenants: TenantsConfig | None = None, in_process: bool = False,
             allow_unconfined: bool = False, leases_per_worker: int = 64,
             on_demand: bool | None = None, hot: str | None = None,
-            evict_idle_s: float = 300.0, max_loaded: int = 128) -> FarmConfig:
+            evict_idle_s: float = 300.0, max_loaded: int = 128,
+            quarantine: QuarantineConfig | None = None) -> FarmConfig:
     return FarmConfig(catalog=str(catalog) if catalog else None, envs=_names(envs),
+                      quarantine=quarantine or QuarantineConfig(),
                       pool=PoolConfig(warm=warm), tenants=tenants or TenantsConfig(),
                       isolation="in_process" if in_process else "workers",
                       allow_unconfined=allow_unconfined, leases_per_worker=leases_per_worker,
@@ -168,14 +180,17 @@ def serve(ctx: typer.Context, catalog: CatalogOpt = None, envs: EnvsOpt = None,
           on_demand: OnDemandOpt = None, hot: HotOpt = None, evict_idle: EvictIdleOpt = 300.0,
           max_loaded: MaxLoadedOpt = 128,
           tenants: TenantsOpt = None, api_key: ApiKeyOpt = None,
+          quarantine_share: QuarantineShareOpt = 0.5, quarantine_window: QuarantineWindowOpt = 600.0,
           host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     """Serve the catalog's envs over the lease API (HTTP + MCP) until Ctrl-C."""
     if no_ray:
         _reject_ray_flags(ctx)
     try:
         tenant_config = tenants_config(tenants, api_key, host)
+        quarantine = QuarantineConfig(window_s=quarantine_window, max_env_error_share=quarantine_share,
+                                      max_invalid_share=quarantine_share)
         config = _config(catalog, envs, warm, tenant_config, in_process, allow_unconfined,
-                         leases_per_worker, on_demand, hot, evict_idle, max_loaded)
+                         leases_per_worker, on_demand, hot, evict_idle, max_loaded, quarantine)
         if write_config is None:
             _say_who_may_lease(tenant_config)
         if write_config is not None:

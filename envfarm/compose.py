@@ -25,6 +25,10 @@ __all__ = [
 ]
 
 
+#: LLM judgments in flight at once per farm process.
+_LLM_CONCURRENCY = 256
+
+
 def code_judge(config: FarmConfig) -> VerifierFactory:
     """The judge in code-only mode (verifier code in its sandbox, no LLM), sized by ``config``."""
 
@@ -48,7 +52,7 @@ def judge_for(config: FarmConfig, reward: RewardConfig | None = None) -> Verifie
     reward = reward or RewardConfig.from_env()
     if reward.path == "code":
         return code_judge(config)
-    llm = LLMConfig.from_env(max_concurrency=256, **reward.llm_overrides())
+    llm = LLMConfig.from_env(max_concurrency=_LLM_CONCURRENCY, **reward.llm_overrides())
     if not llm.base_url:  # say so at start-up, not at the first verification
         raise JudgeError("the llm reward path needs the judge's OpenAI-compatible endpoint: "
                          "set ENVFARM_JUDGE_BASE_URL (or ENVFARM_LLM_BASE_URL) and a model")
@@ -71,8 +75,12 @@ def compose_core(config: FarmConfig, owner: str | None = None, catalog: Catalog 
                  reward: RewardConfig | None = None) -> FarmCore:
     """A farm core that verifies leases with the judge on ``reward``'s path (see
     :func:`judge_for`)."""
+    reward = reward or RewardConfig.from_env()
+    # Verifications at once, as many as the judge runs at once: the verifier sandbox's
+    # workers (code path) or the LLM client's calls; beyond that, tenants take turns.
+    slots = 2 * config.verifier_workers if reward.path == "code" else _LLM_CONCURRENCY
     return FarmCore(config, owner=owner, catalog=catalog, runtimes=runtimes,
-                    verifier=judge_for(config, reward))
+                    verifier=judge_for(config, reward), verify_slots=slots)
 
 
 class LocalFarm:

@@ -21,6 +21,7 @@
     │   ├── PoolExhausted            no instance available                  503
     │   │   ├── FarmNotReady         envs not yet routable with warm instances 503
     │   │   └── TooManyTypesLoaded   an on-demand farm at its cap of loaded types, all in use 503
+    │   ├── TaskQuarantined          the task (or its env type) is out of rotation 409
     │   ├── KeyMissing               no farm API key where one is required  401
     │   ├── KeyInvalid               a farm API key the farm does not know   403
     │   └── QuotaExceeded            a tenant's quota is used up            429
@@ -68,6 +69,7 @@ __all__ = [
     "QuotaExceeded",
     "SynthesisError",
     "TaskNotFound",
+    "TaskQuarantined",
     "TooManyTypesLoaded",
     "ToolCallError",
     "TransportError",
@@ -89,6 +91,7 @@ class ErrorKind(str, Enum):
     forbidden = "forbidden"
     gone = "gone"
     unavailable = "unavailable"
+    quarantined = "quarantined"
     rate_limited = "rate_limited"
     invalid_request = "invalid_request"
     verifier_error = "verifier_error"
@@ -257,6 +260,16 @@ class TooManyTypesLoaded(PoolExhausted):
     has leases: none can be evicted to load another. Carries ``retry_after_s``."""
 
 
+class TaskQuarantined(LeaseError):
+    """The task, or its whole env type, is quarantined: its episodes kept failing on the env's
+    side (env errors, invalid verdicts) or the catalog flagged it (a hack probe passes its
+    verifier). Carries ``env``, ``task_idx`` and ``reason``; lifted by an operator
+    (``envfarm envs quarantine lift``), never by waiting."""
+
+    kind = ErrorKind.quarantined
+    status_code = 409
+
+
 class KeyMissing(LeaseError):
     """The farm requires an API key (``X-Envfarm-Key``) to create leases; none was sent."""
 
@@ -326,7 +339,8 @@ HTTP_STATUS: dict[type[EnvfarmError], int] = {
         CatalogError, ConfigError, EnvNotFound, EnvLoadError, EnvBroken, AgentError,
         EnvCallError, LeaseError, BadRequest, MalformedJSON,
         PayloadTooLarge, TaskNotFound, LeaseNotFound, LeaseUnauthorized, LeaseForbidden,
-        LeaseGone, PoolExhausted, FarmNotReady, TooManyTypesLoaded, KeyMissing, KeyInvalid, QuotaExceeded,
+        LeaseGone, PoolExhausted, FarmNotReady, TooManyTypesLoaded, TaskQuarantined, KeyMissing,
+        KeyInvalid, QuotaExceeded,
         ConfinementUnavailable, VerifierError, JudgeError, SynthesisError, LLMError,
         TransportError,
     )

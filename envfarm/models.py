@@ -120,6 +120,13 @@ class EnvBundle(_Model):
     solutions: dict[int, list[ToolCall]] = Field(default_factory=dict)
     solution_answers: dict[int, str] = Field(default_factory=dict, description=(
         "Final answer of a reference solution, by task (read-only tasks are judged on it)."))
+    task_states: dict[int, dict[str, list[int]]] = Field(default_factory=dict, description=(
+        "A task's own starting database, as the rows of the env's sample database it lacks "
+        "(table -> rowids; gen_task_states.jsonl): EnvFactory derives one per scenario. A lease "
+        "of that task starts, resets and is verified from it."))
+    flagged: dict[int, str] = Field(default_factory=dict, description=(
+        "Tasks the catalog's hack-probe report flags (gen_probes.jsonl: a probe passes their "
+        "verifier, or it cannot judge one), by task, with why: a farm quarantines them at load."))
     problems: list[str] = Field(default_factory=list, description="What is missing or broken.")
 
     @property

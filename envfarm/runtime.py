@@ -24,6 +24,7 @@ from envfarm._tools import (
     openapi_as_fastapi_mcp,
     openapi_for_tools,
 )
+from envfarm.dbrows import without_rows
 from envfarm.errors import AgentError, EnvLoadError
 from envfarm.models import CallResult, EnvBundle, ToolError, ToolSpec
 from envfarm.template import TemplateBuild, build_template, open_memory_db
@@ -73,6 +74,7 @@ class EnvRuntime:
         self.timeouts = 0
         #: ``Instance._state_key`` of a fresh copy of the template (resets skip reading it).
         self.template_state_key: tuple | None = None
+        self._task_initials: dict[int, bytes] = {}
         loaded: dict[str, Any] = {}
 
         def load(conn: sqlite3.Connection) -> None:
@@ -99,16 +101,30 @@ class EnvRuntime:
             self._mcp_openapi = openapi_as_fastapi_mcp(self.app)
         return self._mcp_openapi
 
-    def instance(self) -> Instance:
-        return Instance(self)
+    def task_initial(self, task_idx: int | None) -> bytes:
+        """The starting database of a task: the template, or the template without the rows its
+        state drops (``EnvBundle.task_states``; built once per task)."""
+        drop = self.bundle.task_states.get(task_idx) if task_idx is not None else None
+        if not drop:
+            return self.template.data
+        if task_idx not in self._task_initials:
+            self._task_initials[task_idx] = without_rows(self.template.data, drop)
+        return self._task_initials[task_idx]
+
+    def instance(self, initial: bytes | None = None) -> Instance:
+        """A fresh instance of the template, or of ``initial`` (a task's own starting database:
+        its resets go back there)."""
+        return Instance(self, initial)
 
 
 class Instance:
     """An isolated, instantly resettable copy of an environment's state."""
 
-    def __init__(self, runtime: EnvRuntime) -> None:
+    def __init__(self, runtime: EnvRuntime, initial: bytes | None = None) -> None:
         self.runtime = runtime
-        self._open(runtime.template.data)
+        #: The state a reset goes back to: the template, or a task's own starting database.
+        self.initial = runtime.template.data if initial is None else initial
+        self._open(self.initial)
         #: Serializes calls, resets and snapshots on this instance.
         self.lock = asyncio.Lock()
         self.closed = False
@@ -118,11 +134,14 @@ class Instance:
         return self.runtime.tools
 
     # -- state ---------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Back to the initial state: a new connection (so PRAGMAs and other connection state
-        set by env code go too) restored from the template bytes."""
+    def reset(self, initial: bytes | None = None) -> None:
+        """Back to the initial state (or to ``initial``, which becomes it: a task's own start,
+        or the template again when a pool takes the instance back): a new connection (so
+        PRAGMAs and other connection state set by env code go too) restored from the bytes."""
+        if initial is not None:
+            self.initial = initial
         self.conn.close()
-        self._open(self.runtime.template.data)
+        self._open(self.initial)
 
     def _open(self, data: bytes) -> None:
         self.conn = open_memory_db(self.runtime.foreign_keys)
@@ -162,16 +181,21 @@ class Instance:
         """The current state as SQLite database bytes."""
         return self.conn.serialize()
 
+    def committed(self) -> bytes:
+        """The state between calls as bytes: the same object while nothing was written (it is
+        the next call's rollback point, so a worker shipping it costs no second copy)."""
+        return self._rollback_point()
+
     def restore(self, data: bytes) -> None:
         """Take the state of ``data`` (another instance's ``snapshot``: a fork); a later
-        ``reset`` still goes back to the template. ``sqlite3.DatabaseError`` if ``data`` is
+        ``reset`` still goes back to its initial state (the template, or its task's own). ``sqlite3.DatabaseError`` if ``data`` is
         not a database image (checked from its header: the cost of a reset, not of reading the
         schema, which its first call pays as a reset instance's does)."""
         _check_image(data)
         self._restore(data)
 
     def initial_snapshot(self) -> bytes:
-        return self.runtime.template.data
+        return self.initial
 
     def write_snapshots(self, folder: str | Path) -> tuple[Path, Path]:
         """Write ``initial.db`` and ``final.db`` for verifier code; returns their paths."""

@@ -34,7 +34,9 @@ __all__ = [
     "LeaseBatchRequest",
     "LeaseInfo",
     "LeaseRequest",
+    "LiftRequest",
     "PoolStats",
+    "QuarantinedTask",
     "ReleaseResponse",
     "ReleaseStatus",
     "ResetResponse",
@@ -295,6 +297,27 @@ class BatchResult(_Wire):
 
 class BatchResponse(_Wire):
     results: list[BatchResult] = Field(description="In the order of the request's calls.")
+
+
+class QuarantinedTask(_Wire):
+    """A task (or, with ``task_idx`` None, a whole env type) out of rotation: new leases for it
+    answer ``TaskQuarantined``; trainers skip it."""
+
+    env: str
+    task_idx: int | None = Field(default=None, description="None: every task of the env type.")
+    reason: str = Field(description="Why: the error counts that crossed the threshold, or the "
+                                    "catalog's flag (a hack probe passes its verifier).")
+    source: str = Field(description="'errors' (counted while serving) or 'flagged' (at load).")
+    since: float = Field(description="Unix time it was quarantined.")
+    owners: list[str] = Field(default_factory=list, description=(
+        "Replicas that quarantined it (each counts its own leases)."))
+
+
+class LiftRequest(_Wire):
+    """``POST /quarantine/lift``: put a task (or every task of an env) back into rotation."""
+
+    env: str
+    task_idx: int | None = Field(default=None, description="None: the env type and all its tasks.")
 
 
 class Health(_Wire):

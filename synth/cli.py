@@ -220,6 +220,27 @@ def report(
     typer.echo(report_json(out) if as_json else render_tables(out))
 
 
+@app.command("guard", help="Wrap each code-mode verifier that has a reference solution so that it "
+             "also fails an episode that changes rows the task never touches (synth/guard.py).")
+def guard(
+    catalog: Path = typer.Argument(None, help="catalog folder; default: the bundled catalog"),
+    env: list[str] = typer.Option([], "--env", help="only this env, repeatable"),
+    write: bool = typer.Option(False, "--write", help="rewrite gen_verifier.pure_code.jsonl in place"),
+) -> None:
+    from envfarm.catalog import load_catalog
+    from envfarm.runtime import EnvRuntime
+    from synth.guard import guard_env, read_written_tables, rewrite_verifiers
+
+    cat = load_catalog(catalog)
+    for name in [cat[n].name for n in env] or cat.servable:
+        runtime = EnvRuntime(cat[name])
+        ignore = asyncio.run(read_written_tables(runtime))
+        guarded = asyncio.run(guard_env(runtime, ignore))
+        where = rewrite_verifiers(cat, name, guarded) if write and guarded else []
+        typer.echo(f"{name}: {len(guarded)} verifier(s) guarded" + (f" (reads write: {sorted(ignore)})" if ignore else "")
+                   + (f"; wrote {', '.join(str(p) for p in where)}" if where else ""))
+
+
 if __name__ == "__main__":
     app(prog_name="envfarm synth")
     sys.exit(0)

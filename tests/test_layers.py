@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, int, tuple[str, ...]]] = [
     ("synth", 4, ("synth",)),
     ("compose", 5, ("envfarm.compose", "envfarm.serve")),
     ("trainer", 6, ("trainer",)),
-    ("cli", 7, ("envfarm.cli", "envfarm.cli_envs", "envfarm.cli_farm")),
+    ("cli", 7, ("envfarm.cli", "envfarm.cli_envs", "envfarm.cli_farm", "envfarm.cli_hacks")),
 ]
 
 

@@ -13,10 +13,10 @@ def _isort_key(name: str) -> tuple[int, str]:
 
 
 #: Every public face: the contracts, the runtime, the farm, the SDK, the LLM client, the judge,
-#: the composition and the Serve shell.
+#: the hack probes, the composition and the Serve shell.
 PUBLIC = ["envfarm", "envfarm.errors", "envfarm.models", "envfarm.wire", "envfarm.verdict",
-          "envfarm.llm", "envfarm.farm", "envfarm.client", "envfarm.compose", "envfarm.serve",
-          "judge"]
+          "envfarm.llm", "envfarm.farm", "envfarm.client", "envfarm.hackprobes", "envfarm.compose",
+          "envfarm.serve", "judge"]
 
 
 @pytest.mark.parametrize("module", PUBLIC)

@@ -8,11 +8,13 @@ train and held-out tasks by unseen values and unseen chains (never by env).
 Per env, EnvFactory's pipeline without an LLM: the tool graph (name matches), ``chains`` sampled
 chains, each executed with ``draws`` value draws (``synth.factory.execute``), the request of each
 written by ``synth.factory.template_writer`` (a TEMPLATE: every figure built on the suite says so),
-its verifiers templated from the end state (code mode, and sql mode for the LLM judge), then the
-acceptance gate (:data:`Gate`, pluggable): the
-reference replayed passes, a no-op does not, a no-op with plausible wrong answers does not, and the
-reference played through the agent loop and a farm passes. The accepted tasks are appended to a copy
-of the env (``synth.factory.export``).
+each chain run from a starting database of its own (``synth.factory.scenario``), its verifiers
+templated from the end state, exact both ways (code mode, and sql mode for the LLM judge), then the
+acceptance gate (:data:`Gate`, pluggable; :func:`replay_gate` is EnvFactory's): the reference
+replayed passes and a no-op does not, every hack probe of ``envfarm.hackprobes`` fails (no-op,
+echo, guesses, dump, a destructive side effect, the reference without its last write), and the
+reference played through the agent loop and a farm passes. The accepted tasks are appended to a
+copy of the env (``synth.factory.export``), each with its starting database.
 
 The split, per env: whole chains are held out (``heldout_chains``; only chains whose every tool is
 used by some train chain, so a held-out chain is a new composition of steps seen in training), and
@@ -34,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 SPLITS = ("train", "heldout_values", "heldout_chains")
-_VERSION = "2"  # 2: numbered steps in the requests  # bump when the build changes in a way the config cannot show
+_VERSION = "3"  # 2: numbered steps in the requests; 3: the hack probes, exact verifiers  # bump when the build changes in a way the config cannot show
 
 
 class SuiteConfig(BaseModel):
@@ -47,6 +49,8 @@ class SuiteConfig(BaseModel):
     max_len: int = Field(default=4, ge=2, description="longest chain (calls)")
     draws: int = Field(default=3, ge=1, description="value draws per chain (each one task)")
     seed: int = 0
+    scenario_keep: float | None = Field(default=0.75, ge=0, le=1, description="each chain starts from a "
+                                        "database of its own (synth.factory.scenario); None: the sample data")
     sql_verifiers: bool = Field(default=True, description="also an sql-mode verifier per task (facts "
                                 "for the LLM judge: the llm reward path reads them)")
     read_only: bool = Field(default=False, description="keep chains that change nothing (their "
@@ -94,14 +98,15 @@ class Suite:
         return next(t["split"] for t in self.tasks if t["env"] == env and t["task_idx"] == task_idx)
 
 
-#: candidates (episode, gate candidate, reference calls) of one env -> (accepted?, reason) each
-Gate = Callable[[Any, list[tuple[Any, Any]]], Awaitable[list[tuple[bool, str]]]]
+#: (runtime, [(episode, gate candidate)] of one env, verifier sandbox) -> (accepted?, reason) each
+Gate = Callable[[Any, list[tuple[Any, Any]], Any], Awaitable[list[tuple[bool, str]]]]
 
 
 async def replay_gate(runtime: Any, made: list[tuple[Any, Any]], sandbox: Any) -> list[tuple[bool, str]]:
-    """The gate of main's EnvFactory (``synth.factory.gate``): plausible wrong answers on a no-op
-    fail the verifier, and the reference solution played through the agent loop on a farm passes
-    it (the replay check ran when the candidate was made)."""
+    """EnvFactory's gate (``synth.factory.gate.gate_batch``): the hack probes fail the verifier,
+    and the reference solution played through the agent loop on a farm passes it (the replay
+    check ran when the candidate was made). The requests state every step and value, so the
+    agent that follows one exactly is the reference."""
     from synth.factory.gate import AgentSolver, code_judge, gate_batch
     from trainer.episode import EpisodeConfig, run_episode
     from trainer.policy import ScriptedPolicy
@@ -113,7 +118,7 @@ async def replay_gate(runtime: Any, made: list[tuple[Any, Any]], sandbox: Any) -
                              if episode.final_answer})
     solver = AgentSolver(run_episode, policy, EpisodeConfig(max_turns=16, tool_listing="names"))
     results = await gate_batch(runtime.bundle, [c for _, c in made], solver, code_judge(sandbox),
-                               concurrency=4)
+                               concurrency=4, runtime=runtime)
     return [(r.accepted, r.reason) for r in results]
 
 
@@ -173,8 +178,10 @@ async def _env_episodes(cfg: SuiteConfig, bundle: Any, sandbox: Any, gate: Gate 
     from synth.factory.graph import build_graph
     from synth.factory.queries import make_candidate
     from synth.factory.template_writer import TemplateWriter
+    from synth.guard import read_written_tables
 
     runtime = EnvRuntime(bundle)
+    ignore = await read_written_tables(runtime)
     columns = db_columns(runtime.template.data)
     graph = await build_graph(runtime, embedder=None)
     chains = sample_chains(graph, columns, n=cfg.chains, max_len=cfg.max_len, seed=cfg.seed)
@@ -184,7 +191,8 @@ async def _env_episodes(cfg: SuiteConfig, bundle: Any, sandbox: Any, gate: Gate 
     for chain in chains:
         for draw in range(cfg.draws):
             episode, candidate = await make_candidate(runtime, chain, columns, None, sandbox, seed=draw,
-                                                      writer=writer, sql=cfg.sql_verifiers)
+                                                      ignore=ignore, keep=cfg.scenario_keep, writer=writer,
+                                                      sql=cfg.sql_verifiers)
             key = json.dumps([[c.tool, c.arguments] for c in episode.calls], sort_keys=True, default=str)
             if candidate is None or key in seen:
                 drops[episode.reason or "same_values"] += 1

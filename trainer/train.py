@@ -112,9 +112,8 @@ class Trainer:
     def done(self) -> bool:
         return self.step >= self.cfg.steps
 
-    def pick_tasks(self, step: int) -> list[tuple[str, int]]:
-        rng = random.Random(self.cfg.seed * 1_000_003 + step)
-        return [rng.choice(self.tasks) for _ in range(self.cfg.batch_size)]
+    def pick_tasks(self, step: int, skip: set[tuple[str, int | None]] = frozenset()) -> list[tuple[str, int]]:
+        return pick_tasks(self.tasks, self.cfg.batch_size, self.cfg.seed * 1_000_003 + step, skip)
 
     async def train_step(self) -> dict[str, Any]:
         """One GRPO step; returns (and logs) its metrics."""
@@ -122,8 +121,9 @@ class Trainer:
         started = time.perf_counter()
         gate = asyncio.Semaphore(self.cfg.concurrency)
         async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency)) as farm:
+            skip = await quarantined(farm)
             groups = await asyncio.gather(*(self._group(farm, gate, env, idx, (step, k))
-                                            for k, (env, idx) in enumerate(self.pick_tasks(step))))
+                                            for k, (env, idx) in enumerate(self.pick_tasks(step, skip))))
         rollout_s = time.perf_counter() - started
         t = time.perf_counter()
         await judging.settle([e for g in groups for e in g], self.judge)
@@ -183,6 +183,23 @@ class Trainer:
 
     def _samples(self, groups: list[list[EpisodeResult]]) -> tuple[list[Sample], int]:
         return rollout_samples(groups, self.tokenizer)
+
+
+def pick_tasks(tasks: list[tuple[str, int]], batch_size: int, seed: int,
+               skip: set[tuple[str, int | None]] = frozenset()) -> list[tuple[str, int]]:
+    """``batch_size`` tasks drawn under ``seed``, none of them quarantined (``skip``: (env,
+    task_idx), task_idx None for a whole env type); [] when every task is."""
+    pool = [t for t in tasks if t not in skip and (t[0], None) not in skip]
+    rng = random.Random(seed)
+    return [rng.choice(pool) for _ in range(batch_size)] if pool else []
+
+
+async def quarantined(farm: Farm) -> set[tuple[str, int | None]]:
+    """The farm's tasks out of rotation; none when it cannot say (an older farm)."""
+    try:
+        return {(q.env, q.task_idx) for q in await farm.quarantined()}
+    except EnvfarmError:
+        return set()
 
 
 def grpo_config(config: TrainConfig) -> GRPOConfig:

@@ -6,10 +6,11 @@ Per env: the tool graph (name matches only, no LLM: the embedding/LLM graph is m
 bench_factory_graph.py), ``--chains`` chains sampled (max 4 steps, seed 0), then every chain
 executed on fresh instances (chains/s, drops by reason) and taken through QueryGen and the gate
 against the in-process mock OpenAI server: a SCRIPTED QueryGen that describes each turn's calls in
-words and a SCRIPTED agent (through the trainer's real agent loop and an in-process farm) that
-makes the calls it understood from exactly that text (``tests/fakes/factory_agent.py``). It
-measures the pipeline and the gate, not a model's writing or solving. ``passed_replay`` counts the
-episodes the replay-only gate (the one before issue 22) would have accepted.
+a user's words and an HONEST scripted agent (through the trainer's real agent loop and an
+in-process farm) that sees only that text and the tools, and finds what it names by reading
+(``tests/fakes/factory_agent.py``). It measures the pipeline and the gate, not a model's writing
+or solving. ``passed_replay`` counts the episodes the replay-only gate (the one before issue 22)
+would have accepted.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from judge import VerifierSandbox
 from synth.factory.chains import sample_chains
 from synth.factory.dbvalues import db_columns
 from synth.factory.execute import DROP_CALL_FAILED, DROP_NO_VALUE, execute_chain
-from synth.factory.gate import DROP_GUESSABLE, DROP_SOLVER_ERROR, DROP_UNSOLVED
+from synth.factory.gate import DROP_HACKABLE, DROP_SOLVER_ERROR, DROP_UNSOLVED
 from synth.factory.graph import build_graph
-from synth.factory.queries import make_episodes
+from synth.factory.queries import DROP_AMBIGUOUS, make_episodes
 from tests.fakes.mock_openai import MockOpenAI
 from tests.fakes.factory_agent import script_world, scripted_solver
 
 #: reasons given after the replay check passed: the solving gate's own drops
-SOLVING_GATE = (DROP_GUESSABLE, DROP_UNSOLVED, DROP_SOLVER_ERROR)
+SOLVING_GATE = (DROP_AMBIGUOUS, DROP_HACKABLE, DROP_UNSOLVED, DROP_SOLVER_ERROR)
 
 
 async def bench_env(runtime: EnvRuntime, n: int, llm: LLMClient, sandbox: VerifierSandbox, solver) -> dict:

@@ -7,7 +7,8 @@ from envfarm.catalog._loader import (
     catalog_fingerprint,
     load_catalog,
     normalize_name,
+    verifier_sha256,
 )
 
 __all__ = ["AWM_FILES", "BUNDLED_CATALOG", "Catalog", "catalog_fingerprint", "load_catalog",
-           "normalize_name"]
+           "normalize_name", "verifier_sha256"]

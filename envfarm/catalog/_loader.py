@@ -6,6 +6,7 @@ exception that stops the rest from loading.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -19,10 +20,14 @@ from envfarm.models import DBSchema, EnvBundle, SampleData, ToolCall, Verifier
 
 BUNDLED_CATALOG = Path(__file__).parent
 
-#: AWM file name -> what it holds. gen_solutions.jsonl is envfarm's extra file.
+#: AWM file name -> what it holds. gen_solutions.jsonl (reference solutions), gen_probes.jsonl
+#: (the hack probes' verdicts: ``envfarm envs check --hacks --write-flags``) and
+#: gen_task_states.jsonl (a task's own starting database: ``drop_rows`` of the sample data) are
+#: envfarm's extra files.
 AWM_FILES = (
     "gen_scenario.jsonl", "gen_tasks.jsonl", "gen_db.jsonl", "gen_sample.jsonl", "gen_spec.jsonl",
     "gen_envs.jsonl", "gen_verifier.jsonl", "gen_verifier.pure_code.jsonl", "gen_solutions.jsonl",
+    "gen_probes.jsonl", "gen_task_states.jsonl",
 )
 
 
@@ -158,14 +163,37 @@ class _Builder:
             env.setdefault("solutions", {})[int(rec["task_idx"])] = calls
             if rec.get("final_answer") is not None:
                 env.setdefault("solution_answers", {})[int(rec["task_idx"])] = str(rec["final_answer"])
+        elif file_name == "gen_task_states.jsonl":
+            drop = {str(t): [int(r) for r in rows] for t, rows in dict(rec["drop_rows"]).items()}
+            env.setdefault("task_states", {})[int(rec["task_idx"])] = drop
+        elif file_name == "gen_probes.jsonl":
+            if rec.get("hacked") or rec.get("undecided"):
+                idx, why = int(rec["task_idx"]), str(rec.get("summary") or "a hack probe passes its verifier")
+                flagged = env.setdefault("flagged", {})
+                flagged[idx] = f"{flagged[idx]}; {why}" if idx in flagged else why
+                if rec.get("verifier_sha256"):
+                    env.setdefault("_probed", {})[idx] = str(rec["verifier_sha256"])
 
     def finish(self) -> dict[str, EnvBundle]:
         out = {}
         for name, fields in self.envs.items():
+            probed = fields.pop("_probed", {})
             bundle = EnvBundle(**fields)
+            for idx, sha in probed.items():  # a flag on a verifier since replaced says nothing
+                if sha != verifier_sha256(bundle, idx):
+                    bundle.flagged.pop(idx, None)
+                    bundle.problems.append(f"gen_probes.jsonl: task {idx}'s verifier changed since it "
+                                           "was probed; its flag is dropped (envfarm envs check --hacks)")
             bundle.problems.extend(_completeness_problems(bundle, self.check_code))
             out[name] = bundle
         return out
+
+
+def verifier_sha256(bundle: EnvBundle, idx: int) -> str:
+    """What a probe record was taken against: the task's code- and sql-mode verifier source."""
+    code, sql = bundle.code_verifiers.get(idx), bundle.verifiers.get(idx)
+    text = f"{code.code if code else ''}\0{sql.code if sql else ''}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _records(path: Path, problems: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:

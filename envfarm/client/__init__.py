@@ -20,6 +20,7 @@ from envfarm.errors import (
                             LeaseNotFound,
                             LeaseUnauthorized,
                             PoolExhausted,
+                            TaskQuarantined,
                             TransportError,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "Reply",
     "SyncFarm",
     "SyncLease",
+    "TaskQuarantined",
     "Transport",
     "TransportError",
     "error_from_wire",

@@ -38,6 +38,7 @@ from envfarm.wire import (
     EnvDetail,
     EnvSummary,
     LeaseInfo,
+    QuarantinedTask,
     ReleaseResponse,
     VerifyResponse,
     by_owner,
@@ -125,6 +126,16 @@ class Farm:
 
     async def healthz(self) -> dict[str, Any]:
         return await self._json("GET", "/healthz", safe=True)
+
+    async def quarantined(self) -> list[QuarantinedTask]:
+        """Tasks out of rotation (a lease for one raises ``TaskQuarantined``): skip them."""
+        return [QuarantinedTask.model_validate(q) for q in await self._json("GET", "/quarantine", safe=True)]
+
+    async def lift_quarantine(self, env: str, task_idx: int | None = None) -> list[QuarantinedTask]:
+        """Put a task (None: the env type and all its tasks) back into rotation; what was lifted."""
+        data = await self._json("POST", "/quarantine/lift", json_body={"env": env, "task_idx": task_idx},
+                                safe=True)
+        return [QuarantinedTask.model_validate(q) for q in data]
 
     # -- leases ----------------------------------------------------------------------------------
     async def acquire(self, env: str, *, task_idx: int | None = None, ttl_s: float | None = None,

@@ -12,6 +12,7 @@ from envfarm.models import CallResult, ToolSpec
 from envfarm.wire import (
     EnvDetail,
     EnvSummary,
+    QuarantinedTask,
     ReleaseResponse,
     VerifyResponse,
 )
@@ -49,6 +50,12 @@ class SyncFarm:
 
     def warm(self, *names: str) -> list[EnvDetail]:
         return self._run(self._farm.warm(*names))
+
+    def quarantined(self) -> list[QuarantinedTask]:
+        return self._run(self._farm.quarantined())
+
+    def lift_quarantine(self, env: str, task_idx: int | None = None) -> list[QuarantinedTask]:
+        return self._run(self._farm.lift_quarantine(env, task_idx))
 
     def acquire(self, env: str, **kw: Any) -> SyncLease:
         return SyncLease(self, self._run(self._farm.acquire(env, **kw)))

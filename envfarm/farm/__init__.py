@@ -17,6 +17,12 @@ from envfarm.farm._local import free_port, make_server
 from envfarm.farm._metrics import merge_exposition
 from envfarm.farm._openenv import OPENENV_PATH, LeaseAPI, serve_socket
 from envfarm.farm._pool import InstancePool
+from envfarm.farm._quarantine import (
+    Quarantine,
+    QuarantineConfig,
+    install_quarantine_routes,
+    merge_quarantine,
+)
 from envfarm.farm._status import (
     EnvStatus,
     FarmStatus,
@@ -54,7 +60,9 @@ from envfarm.wire import (
     LeaseBatchRequest,
     LeaseInfo,
     LeaseRequest,
+    LiftRequest,
     PoolStats,
+    QuarantinedTask,
     ReleaseResponse,
     ReleaseStatus,
     VerifyRequest,
@@ -91,9 +99,13 @@ __all__ = [
     "LeasePolicy",
     "LeaseRecord",
     "LeaseRequest",
+    "LiftRequest",
     "PayloadTooLarge",
     "PoolConfig",
     "PoolStats",
+    "Quarantine",
+    "QuarantineConfig",
+    "QuarantinedTask",
     "Quota",
     "RedactCredentials",
     "ReleaseResponse",
@@ -112,12 +124,14 @@ __all__ = [
     "hash_key",
     "health_response",
     "install_error_handlers",
+    "install_quarantine_routes",
     "install_status_routes",
     "is_loopback",
     "load_tenants",
     "make_server",
     "mcp_credential",
     "merge_exposition",
+    "merge_quarantine",
     "new_key",
     "new_owner_tag",
     "owner_of",

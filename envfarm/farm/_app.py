@@ -26,6 +26,7 @@ from envfarm.farm._json_guard import JSONGuard
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._mcp import LeaseMCP
 from envfarm.farm._openenv import install_socket
+from envfarm.farm._quarantine import install_quarantine_routes
 from envfarm.farm._status import FarmStatus, install_status_routes, summarize_status
 from envfarm.farm._tenants import KEY_HEADER
 from envfarm.models import CallResult, ToolSpec
@@ -43,6 +44,8 @@ from envfarm.wire import (
     LeaseBatchRequest,
     LeaseInfo,
     LeaseRequest,
+    LiftRequest,
+    QuarantinedTask,
     ReleaseResponse,
     ResetResponse,
     VerifyRequest,
@@ -57,7 +60,7 @@ LeaseId = Annotated[str, Path(min_length=3, max_length=100, pattern=LEASE_ID_PAT
 Owner = Annotated[str, Path(min_length=1, max_length=64, pattern=OWNER_PATTERN,
                             description="Owner tag: the part of a lease id before '-'.")]
 
-_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 410, 413, 422, 429, 503)}
+_ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 409, 410, 413, 422, 429, 503)}
 # Declares the bearer scheme in the OpenAPI; the token itself is read by ``bearer()`` so that
 # a missing one becomes our 401 body, not FastAPI's.
 _auth = [Depends(HTTPBearer(auto_error=False, description="The lease's token."))]
@@ -74,6 +77,17 @@ class Which(str, Enum):
 class Rendering(str, Enum):
     exact = "exact"
     mcp = "mcp"
+
+
+def _quarantine_routes(app: FastAPI, core: FarmCore) -> None:
+    async def quarantined() -> list[QuarantinedTask]:
+        return core.quarantine.listing()
+
+    async def lift(req: LiftRequest, key: str | None) -> list[QuarantinedTask]:
+        core.tenants.identify(key)  # a lift takes the farm API key of lease creation
+        return core.quarantine.lift(core.served_name(req.env), req.task_idx)
+
+    install_quarantine_routes(app, quarantined, lift)
 
 
 def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = True) -> FastAPI:
@@ -142,7 +156,9 @@ def build_app(core: FarmCore, *, title: str = "envfarm", manage_core: bool = Tru
         Takes the farm API key of lease creation (a cold start costs a worker)."""
         return await core.warm(env, request.headers.get(KEY_HEADER))
 
-    create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 413, 422, 429, 503)}
+    _quarantine_routes(app, core)
+
+    create_errors = {k: _ERRORS[k] for k in (401, 403, 404, 409, 413, 422, 429, 503)}
 
     @app.post("/envs/{env}/leases", response_model=LeaseInfo, status_code=201, tags=["leases"],
               responses=create_errors, dependencies=_key)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envfarm.errors import ConfinementUnavailable
+from envfarm.farm._quarantine import QuarantineConfig
 from envfarm.farm._schemas import ToolRendering
 from envfarm.farm._tenants import TenantsConfig
 from envfarm.worker import WorkerOptions
@@ -103,6 +104,9 @@ class FarmConfig(BaseModel):
         "or a new worker takes one and only loads code. None: 2 on on-demand farms, else 0."))
     tenants: TenantsConfig = Field(default_factory=TenantsConfig,
                                    description="API keys (hashed) and per-tenant quotas.")
+    quarantine: QuarantineConfig = Field(default_factory=QuarantineConfig, description=(
+        "When a task (or env type) whose episodes keep failing on the env's side, or that the "
+        "catalog flags, is taken out of rotation."))
     public_url: str | None = Field(default=None, description=(
         "Base URL clients reach the farm at, for the absolute mcp_url of a lease; None: the "
         "URL the lease request came to."))

@@ -33,12 +33,13 @@ from envfarm.farm._config import FarmConfig
 from envfarm.farm._lease import LeaseRecord
 from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
+from envfarm.farm._quarantine import Quarantine, QuarantineCollector
 from envfarm.farm._registry import EnvRegistry
 from envfarm.farm._schemas import render_tools
 from envfarm.farm._served import InstanceHandle, ServedEnv
 from envfarm.farm._status import ReplicaStatus
 from envfarm.farm._tenants import TenantCollector, Tenants
-from envfarm.farm._verify import LazyVerifier, VerifierFactory, episode_verdict
+from envfarm.farm._verify import LazyVerifier, VerifierFactory, VerifyGate, episode_verdict
 from envfarm.farm._window import CallWindow
 from envfarm.models import CallResult, ToolSpec
 from envfarm.runtime import EnvRuntime
@@ -61,7 +62,7 @@ from envfarm.wire import (
     new_owner_tag,
     owner_of,
 )
-from envfarm.worker import WorkerLost
+from envfarm.worker import InstanceClosed, WorkerLost
 
 _KEPT_ENV_ERRORS = 10
 #: Steps of an episode a lease records (a few dozen bytes each; agent episodes take <= 20).
@@ -74,11 +75,12 @@ class FarmCore:
     def __init__(self, config: FarmConfig, owner: str | None = None,
                  catalog: Catalog | None = None,
                  runtimes: dict[str, EnvRuntime] | None = None,
-                 verifier: VerifierFactory | None = None) -> None:
+                 verifier: VerifierFactory | None = None, verify_slots: int = 64) -> None:
         """``runtimes``: envs compiled already in this process (trusted: they are served
         in-process, whatever ``config.isolation`` says). ``verifier``: makes what judges
         ``verify`` calls (``envfarm.compose`` hands in the judge); without one, every
-        verification is invalid."""
+        verification is invalid. ``verify_slots``: verifications at once (the verifier's own
+        concurrency); beyond it tenants take turns."""
         self.config = config
         self.owner = owner or new_owner_tag()
         if "-" in self.owner:
@@ -104,10 +106,14 @@ class FarmCore:
         self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
         self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
         self.verifier = LazyVerifier(verifier)
+        self.verify_gate = VerifyGate(verify_slots)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
                                    self.registry.counts)
         self.tenants = Tenants(config.tenants)
         self.metrics.registry.register(TenantCollector(self.owner, self.tenants))
+        self.quarantine = Quarantine(config.quarantine, self.owner, {
+            name: self.catalog[name].flagged for name in self.loader.names if self.catalog[name].flagged})
+        self.metrics.registry.register(QuarantineCollector(self.owner, self.quarantine))
         self.window = CallWindow()  # the status page's last seconds
         self._reaper: asyncio.Task[None] | None = None
 
@@ -209,7 +215,7 @@ class FarmCore:
         return ReplicaStatus(owner=self.owner, app=app, pid=os.getpid(), leases=len(self.leases),
                              pools=self.pool_stats(), window=self.window.snapshot(),
                              isolation=self.isolation, tenants=self.tenants.status(),
-                             types=self.registry.counts())
+                             types=self.registry.counts(), quarantined=self.quarantine.listing())
 
     # -- leases ---------------------------------------------------------------------------------
     async def create_lease(self, env: str, req: LeaseRequest, mcp_prefix: str = "",
@@ -265,10 +271,11 @@ class FarmCore:
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
                                env=name, task_idx=req.task_idx)
+        self.quarantine.admit(name, req.task_idx)
         self.registry.pin(name)  # not evicted while this lease is being made
         try:
             served = await self.registry.get(name)
-            instance = await served.acquire()
+            instance = await served.acquire(tenant, req.task_idx)
         finally:
             self.registry.unpin(name)
         if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
@@ -313,10 +320,11 @@ class FarmCore:
         key = (parent.tenant, parent.env, req.idempotency_key or "")
         if self._idempotent.get(key) in self.leases:  # a repeat: the fork it made
             return self._info(self.leases[self._idempotent[key]], mcp_prefix)
+        self.quarantine.admit(parent.env, parent.task_idx)  # a fork is a new lease of the task
         self.tenants.admit_leases(parent.tenant)
         opened = False
         try:
-            instance = await served.acquire()
+            instance = await served.acquire(parent.tenant, parent.task_idx)  # the task's start
             try:  # the parent's state at one moment: read under its lock
                 await instance.copy_from(self.held(parent).instance)
             except WorkerLost as exc:
@@ -375,6 +383,7 @@ class FarmCore:
 
     def _lost(self, lease: LeaseRecord, why: str) -> LeaseGone:
         """Close a lease whose instance died with its worker: typed 410, never a fresh state."""
+        self.quarantine.record_call(lease.env, lease.task_idx, bad=True)
         self._close(lease, f"lease_lost: {why}")
         return LeaseGone(f"lease {lease.lease_id} is lost: {why}; its episode is invalid, "
                          "start a new lease", lease_id=lease.lease_id, reason="lease_lost")
@@ -443,6 +452,8 @@ class FarmCore:
             res = await self.held(lease).instance.call(tool, arguments)
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:  # released while this call waited for the lease's last one
+            raise self._missing(lease.lease_id) from None
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
         if len(lease.steps) < _KEPT_STEPS:
@@ -450,6 +461,7 @@ class FarmCore:
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
             # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])
+        self.quarantine.record_call(lease.env, lease.task_idx, outcome == "env_error")
         self.metrics.calls.labels(lease.env, outcome).inc()
         self.metrics.call_latency.labels(lease.env).observe(res.elapsed_ms / 1000)
         self.window.record_call(lease.env, outcome, res.elapsed_ms / 1000)
@@ -460,6 +472,8 @@ class FarmCore:
             await self.held(lease).instance.reset()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:
+            raise self._missing(lease.lease_id) from None
         lease.env_errors.clear()  # a new episode begins
         lease.steps.clear()
 
@@ -468,11 +482,17 @@ class FarmCore:
             return await self.held(lease).instance.snapshot()
         except WorkerLost as exc:
             raise self._lost(lease, exc.reason) from None
+        except InstanceClosed:
+            raise self._missing(lease.lease_id) from None
 
     async def verify(self, lease: LeaseRecord, req: VerifyRequest) -> VerifyResponse:
         task_idx, verdict = await episode_verdict(
-            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier)
+            lease, self.catalog[lease.env], req, lambda: self.snapshot(lease), self.verifier,
+            self.verify_gate)
         lease.touch()
+        # a lease whose agent never connected says nothing about the env
+        self.quarantine.record_verification(lease.env, task_idx,
+                                            not verdict.valid and verdict.error_kind != "unauthorized")
         self.metrics.verifications.labels(lease.env, verdict.outcome.value).inc()
         self.window.record_verification(lease.env, verdict.outcome.value)
         return VerifyResponse(task_idx=task_idx, **verdict.model_dump(exclude={"reward", "valid"}))

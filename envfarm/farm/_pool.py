@@ -85,7 +85,7 @@ class InstancePool:
         if len(self._free) >= max(2 * self.config.warm, 1):
             inst.close()
             return
-        inst.reset()
+        inst.reset(self.runtime.template.data)  # a task's own start does not outlive its lease
         self._free.append(inst)
 
     def stats(self) -> PoolStats:

@@ -45,7 +45,10 @@ class ServedEnv(Protocol):
     #: The env app's OpenAPI as fastapi-mcp generates it (MCP listings), or None.
     openapi: dict[str, Any] | None
 
-    async def acquire(self) -> InstanceHandle: ...
+    async def acquire(self, tenant: str, task_idx: int | None = None) -> InstanceHandle:
+        """An instance for a new lease of ``tenant`` (env code one tenant's calls run never
+        shares a process with another tenant's instances), starting from the template or from
+        task ``task_idx``'s own database (``EnvBundle.task_states``)."""
     def release(self, inst: InstanceHandle) -> None: ...
     def pool_stats(self) -> PoolStats: ...
     async def aclose(self) -> None: ...
@@ -112,8 +115,12 @@ class LocalEnv:
         except Exception:  # noqa: BLE001 - generated code's schema may not render
             self.openapi = None
 
-    async def acquire(self) -> LocalInstance:
-        return LocalInstance(self.pool.acquire())
+    async def acquire(self, tenant: str = "", task_idx: int | None = None) -> LocalInstance:
+        """(In-process: the env's code is trusted, tenants share the pool.)"""
+        inst = self.pool.acquire()
+        if self.bundle.task_states.get(task_idx):  # the task's own start (EnvFactory's scenarios)
+            inst.reset(self.runtime.task_initial(task_idx))
+        return LocalInstance(inst)
 
     def release(self, inst: LocalInstance) -> None:
         self.pool.release(inst.inst)

@@ -15,9 +15,10 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from envfarm.farm._quarantine import merge_quarantine
 from envfarm.farm._window import WindowStats, add_counts, quantile
 from envfarm.verdict import reward_for
-from envfarm.wire import PoolStats, TypeCounts
+from envfarm.wire import PoolStats, QuarantinedTask, TypeCounts
 
 _CALL_ERRORS = ("agent_error", "env_error")
 
@@ -41,6 +42,8 @@ class ReplicaStatus(_Model):
                               description="Its env types: loaded, cold, broken, churn.")
     tenants: dict[str, TenantUsage] = Field(default_factory=dict,
                                             description="tenant -> its use of this process.")
+    quarantined: list[QuarantinedTask] = Field(default_factory=list,
+                                               description="Tasks it holds out of rotation.")
 
 
 class TenantUsage(_Model):
@@ -106,6 +109,8 @@ class FarmStatus(_Model):
     open: bool | None = Field(default=None, description=(
         "Leases may be created without an API key (a loopback dev farm)."))
     ready: bool | None = Field(default=None, description="What /healthz says (see Health).")
+    quarantined: list[QuarantinedTask] = Field(default_factory=list, description=(
+        "Tasks out of rotation, merged across the replicas that answered."))
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -151,7 +156,8 @@ def summarize_status(replicas: list[ReplicaStatus], envs: list[str], mode: str, 
                       calls_per_s=round(sum(e.calls_per_s for e in rows), 3),
                       replicas=infos, unreachable=unreachable, envs=rows,
                       types=sum((r.types for r in replicas), TypeCounts()),
-                      tenants=_tenants(replicas), open=open_farm, ready=ready)
+                      tenants=_tenants(replicas), open=open_farm, ready=ready,
+                      quarantined=merge_quarantine([r.quarantined for r in replicas]))
 
 
 def _tenants(replicas: list[ReplicaStatus]) -> list[TenantStatus]:

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from envfarm._asgi import call_asgi
 from envfarm.catalog import load_catalog
 from envfarm.compose import compose_core
-from envfarm.errors import EnvNotFound, FarmNotReady
+from envfarm.errors import EnvfarmError, EnvNotFound, FarmNotReady
 from envfarm.farm import (
     OPENENV_PATH,
     BatchError,
@@ -39,14 +39,18 @@ from envfarm.farm import (
     Health,
     JSONGuard,
     LeaseRequest,
+    LiftRequest,
+    QuarantinedTask,
     RedactCredentials,
     ReplicaStatus,
     build_app,
     error_response,
     health_response,
     install_error_handlers,
+    install_quarantine_routes,
     install_status_routes,
     merge_exposition,
+    merge_quarantine,
     serve_socket,
     summarize_status,
 )
@@ -77,6 +81,10 @@ OWN_APP_PREFIX = "env-"
 def _owner_tag() -> str:
     # Replica ids are alphanumeric today; keep only safe characters in case that changes.
     return re.sub(r"[^A-Za-z0-9_]", "", serve.get_replica_context().replica_id.unique_id)
+
+
+def _merged(answers: list[Any]) -> list[QuarantinedTask]:
+    return merge_quarantine([[QuarantinedTask.model_validate(q) for q in a] for a in answers if isinstance(a, list)])
 
 
 def _node_id() -> str:
@@ -156,6 +164,14 @@ class PoolReplica:
         """This replica's part of the status page (the front merges them)."""
         app = serve.get_replica_context().app_name
         return self.core.replica_status(app).model_copy(update={"node": _node_id()}).model_dump()
+
+    async def quarantined(self, owner: str) -> list[dict[str, Any]]:
+        return [q.model_dump() for q in self.core.quarantine.listing()]
+
+    async def lift_quarantine(self, owner: str, env: str, task_idx: int | None,
+                              api_key: str | None = None) -> list[dict[str, Any]]:
+        self.core.tenants.identify(api_key)
+        return [q.model_dump() for q in self.core.quarantine.lift(self.core.served_name(env), task_idx)]
 
     async def drain(self, owner: str, timeout_s: float = 3.0) -> int:
         """Refuse new requests (503) and wait for those in flight: the farm is stopping."""
@@ -246,6 +262,7 @@ class Front:
 
         install_status_routes(app, status)
 
+        install_quarantine_routes(app, self.quarantined, self.lift_quarantine)
         openenv = HandleLeaseAPI(self)
 
         @app.websocket(OPENENV_PATH)
@@ -307,14 +324,25 @@ class Front:
         self._health = (now, health)
         return health
 
-    async def on_every_replica(self, method: str) -> list[Any]:
+    async def on_every_replica(self, method: str, **kwargs: Any) -> list[Any]:
         """Call a method on every pool replica (by index, up to each app's replica count;
         an app with fewer running gets some twice): answers, or the exceptions raised."""
         apps: dict[tuple[str, str], None] = dict.fromkeys(self.routes.values())
         calls = [fresh_call(getattr(self.handle_for(where), method),
-                            owner=f"{INDEX_PREFIX}{i}")
+                            owner=f"{INDEX_PREFIX}{i}", **kwargs)
                  for where in apps for i in range(self.replicas.get(where[0], 1))]
         return await asyncio.gather(*calls, return_exceptions=True)
+
+    async def quarantined(self) -> list[QuarantinedTask]:
+        """Every replica's quarantined tasks, merged (each counts its own leases)."""
+        return _merged(await self.on_every_replica("quarantined"))
+
+    async def lift_quarantine(self, req: LiftRequest, key: str | None) -> list[QuarantinedTask]:
+        """Lift on every replica that serves the env; what was lifted."""
+        answers = await self.on_every_replica("lift_quarantine", env=req.env, task_idx=req.task_idx, api_key=key)
+        if not any(isinstance(a, list) for a in answers):
+            raise next((a for a in answers if isinstance(a, EnvfarmError)), EnvNotFound(f"no replica serves {req.env!r}"))
+        return _merged(answers)
 
     async def drain(self, timeout_s: float = 3.0) -> int:
         """Drain every pool replica at once (before Serve shuts down); requests still in

@@ -5,11 +5,13 @@ the lease table and verdicts, and never executes generated code: each env type's
 worker processes it spawns, confines (``envfarm.jail``) and supervises over a framed pipe.
 """
 
-from envfarm.worker._env import RemoteInstance, WorkerEnv, WorkerOptions
+from envfarm.worker._env import WorkerEnv, WorkerOptions
+from envfarm.worker._instance import InstanceClosed, RemoteInstance
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
 from envfarm.worker._spares import SpareWorkers
 
 __all__ = [
+    "InstanceClosed",
     "RemoteInstance",
     "SpareWorkers",
     "WorkerEnv",

@@ -1,9 +1,12 @@
 """One env type served from worker processes, as the front sees it.
 
 ``WorkerEnv`` loads the env in a first worker (its tools and initial database come back over
-the channel), places leases' instances on workers (at most ``leases_per_worker`` each, so one
-crash touches a bounded share), starts another worker before the free slots run out, and
-stops idle ones. ``RemoteInstance`` is a lease's handle on its instance in a worker.
+the channel), places leases' instances on workers (at most ``leases_per_worker`` each, and the
+leases of one tenant only: a worker holds one tenant's leases for life, so env code one tenant's
+calls set off never shares a process with another tenant's leases), starts another worker
+before the free slots run out, stops idle ones, watches their CPU (``CpuWatch``) and keeps a
+ward of fresh workers where the requests in flight on a lost worker are sent again one at a
+time (``quarantine``). ``RemoteInstance`` is a lease's handle on its instance in a worker.
 """
 
 from __future__ import annotations
@@ -12,16 +15,20 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
-from envfarm.errors import EnvLoadError, PoolExhausted
-from envfarm.models import CallResult, EnvBundle, ToolSpec
+from envfarm.errors import PoolExhausted
+from envfarm.models import EnvBundle, ToolSpec
+from envfarm.worker import _frames
 from envfarm.wire import PoolStats
+from envfarm.worker._committed import Template
+from envfarm.worker._instance import RemoteInstance
 from envfarm.worker._process import WorkerLost, WorkerProcess, WorkerStartError
 from envfarm.worker._spares import SpareWorkers
+from envfarm.worker._watch import CpuWatch
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 log = logging.getLogger("envfarm.worker")
@@ -51,6 +58,15 @@ class WorkerOptions:
     #: At load, find module-level state that tool calls change (``check.module_state_leaks``);
     #: such an env gets a fresh worker per lease.
     probe_module_state: bool = True
+    #: How often the CPU watch looks (0: never), and the share of the time a worker's threads
+    #: may be runnable with no request in flight / with one (``CpuWatch``).
+    cpu_check_s: float = 1.0
+    idle_cpu_share: float = 0.25
+    busy_cpu_share: float = 2.0
+    #: Bytes of its leases' committed state (pages they wrote) the front keeps per worker:
+    #: a worker whose leases grow past it is killed, the lease that crossed it lost. AWM's
+    #: databases are ~0.3 MB and an episode writes a few pages: 4 MiB a lease on average.
+    kept_bytes_per_worker: int = 256 << 20
 
     def worker_config(self) -> dict[str, Any]:
         from envfarm.jail import worker_identity  # root: each worker gets a uid of its own
@@ -77,7 +93,8 @@ class WorkerEnv:
         self.per_lease = False
         self.spares = spares
         probe = options.probe_module_state and module_state is None
-        first, reply, self.template = self._spawn(probe=probe)
+        first, reply, template = self._spawn(probe=probe)
+        self.template = Template(template)
         self.tools = [ToolSpec.model_validate(t) for t in reply.get("tools", [])]
         self.problems = [str(p) for p in reply.get("problems", [])]
         openapi = reply.get("openapi")
@@ -98,16 +115,27 @@ class WorkerEnv:
             first.kill("probed a module that keeps state: not reused")
             self.workers = []
         self._ids = itertools.count(1)
+        self._task_initials: dict[int, Template] = {}  # task -> its own starting database
         self._growing: asyncio.Task | None = None
         self.started = 1  # workers started over this env's life (replacements included)
+        self.open_leases = 0
         self._retiring: asyncio.TimerHandle | None = None
+        #: tenant -> the fresh worker where that tenant's suspect requests run one at a time,
+        #: the lock they take turns by and how many wait (a tenant's turns never hold up
+        #: another's)
+        self._wards: dict[str, WorkerProcess] = {}
+        self._ward_locks: dict[str, asyncio.Lock] = {}
+        self._suspects: dict[str, int] = {}
+        self._cpu = CpuWatch(options.idle_cpu_share, options.busy_cpu_share)
+        self._watching: asyncio.TimerHandle | None = None
+        self._closing = False
 
     def _spawn(self, probe: bool = False) -> tuple[WorkerProcess, dict[str, Any], bytes]:
         worker = (self.spares.take() if self.spares is not None
                   else WorkerProcess(self.options.worker_config(), stderr=self.options.stderr))
         load = {"op": "load", "bundle": self.bundle.model_dump(
                     mode="json", include={"name", "code", "db_schema", "sample_data",
-                                          "api_spec"}),
+                                          "api_spec", "task_states"}),
                 "call_timeout_s": self.options.call_timeout_s,
                 "max_payload_bytes": self.options.max_payload_bytes,
                 "foreign_keys": self.options.foreign_keys, "probe_module_state": probe}
@@ -138,45 +166,135 @@ class WorkerEnv:
         """Leases one worker holds over its life at once (1 for an env that keeps state)."""
         return 1 if self.per_lease else self.options.leases_per_worker
 
-    def _has_room(self, worker: WorkerProcess) -> bool:
+    def _has_room(self, worker: WorkerProcess, tenant: str | None = None) -> bool:
+        """Room for a lease of ``tenant`` (None: of some tenant)."""
         return (worker.leases < self.capacity and not worker.draining
-                and not (self.per_lease and worker.placed))
+                and not (self.per_lease and worker.placed)
+                and (tenant is None or worker.tenant in (None, tenant))
+                and not (self._wards and worker in self._wards.values()))
 
-    def free_slots(self) -> int:
-        return sum(self.capacity - w.leases for w in self._live() if self._has_room(w))
+    def free_slots(self, tenant: str | None = None) -> int:
+        """Free slots for ``tenant``'s leases (None: in all workers)."""
+        return sum(self.capacity - w.leases for w in self._live() if self._has_room(w, tenant))
 
     def leased(self) -> int:
-        return sum(w.leases for w in self._live())
+        return self.open_leases
 
-    async def acquire(self) -> RemoteInstance:
+    async def acquire(self, tenant: str = "anonymous", task_idx: int | None = None
+                      ) -> RemoteInstance:
+        """An instance for a new lease of ``tenant``, on a worker that holds only its leases: of
+        the template, or of the task's own starting database when its bundle gives it one
+        (``EnvBundle.task_states``)."""
+        task = task_idx if self.bundle.task_states.get(task_idx) else None
         while True:
-            worker = next((w for w in self._live() if self._has_room(w)), None)
-            if worker is None:
-                if self.leased() >= self.max_instances:
-                    raise PoolExhausted(
-                        f"env {self.name!r}: all {self.max_instances} instances are leased; "
-                        "release some or raise max_instances", env=self.name,
-                        max_instances=self.max_instances)
-                try:
-                    await self._grow()
-                except WorkerStartError as exc:
-                    raise PoolExhausted(f"env {self.name!r}: no worker has room and a new one "
-                                        f"did not start ({exc}); retry", env=self.name) from None
-                continue
-            worker.leases += 1  # the slot is taken before any await: no overbooking
-            worker.placed += 1
-            worker.idle_since = None
+            worker = await self.place(tenant, new_lease=True)
+            inst = RemoteInstance(self, worker, self.new_inst(), tenant)
             try:
-                await worker.attach()
-                inst = RemoteInstance(self, worker, next(self._ids))
-                worker.post({"op": "new", "inst": inst.inst})
+                initial = None if task is None else await self._task_initial(worker, task)
+                inst = RemoteInstance(self, worker, self.new_inst(), tenant, initial, task)
+                worker.post({"op": "new", "inst": inst.inst,
+                             **({} if task is None else {"task": task})})
                 break
             except WorkerLost:  # it died meanwhile: place the lease on another worker
                 worker.leases -= 1
+        self.open_leases += 1
+        self.placed(inst)
         spare = min(self.warm, 2) if self.per_lease else self.warm  # a worker each: costly
-        if self.free_slots() < spare:
+        if self.free_slots(tenant) < spare:
             self._start_growing()  # ready before the free slots run out
         return inst
+
+    async def place(self, tenant: str, ward: WorkerProcess | None = None, *,
+                    new_lease: bool = False) -> WorkerProcess:
+        """Take a slot for a lease of ``tenant``: on ``ward``, else on a worker of that tenant
+        or one that never held a lease (a new one if none has room)."""
+        worker = ward
+        while worker is None:
+            live = self._live()
+            worker = (next((w for w in live if w.tenant == tenant and self._has_room(w)), None)
+                      or next((w for w in live if w.tenant is None and self._has_room(w)),
+                              None))
+            if worker is not None:
+                break
+            if new_lease and self.open_leases >= self.max_instances:
+                raise PoolExhausted(
+                    f"env {self.name!r}: all {self.max_instances} instances are leased; "
+                    "release some or raise max_instances", env=self.name,
+                    max_instances=self.max_instances)
+            try:
+                await self._grow()
+            except WorkerStartError as exc:
+                raise PoolExhausted(f"env {self.name!r}: no worker has room and a new one "
+                                    f"did not start ({exc}); retry", env=self.name) from None
+        worker.tenant = tenant  # for life: no other tenant's lease is ever placed here
+        worker.leases += 1  # the slot is taken before any await: no overbooking
+        worker.placed += 1
+        worker.idle_since = None
+        worker.on_lost = self._worker_lost
+        await worker.attach()
+        self._watch()
+        return worker
+
+    def new_inst(self) -> int:
+        return next(self._ids)
+
+    def placed(self, inst: RemoteInstance) -> None:
+        inst.worker.held.add(inst)
+        inst.worker.kept_bytes += inst.state.own
+
+    def unplace(self, inst: RemoteInstance) -> None:
+        worker = inst.worker
+        worker.leases -= 1
+        worker.held.discard(inst)
+        worker.kept_bytes -= inst.state.own
+
+    def keep(self, worker: WorkerProcess, grown: int) -> bool:
+        """Count ``grown`` more bytes of state kept for ``worker``'s leases: within budget?"""
+        worker.kept_bytes += grown
+        return worker.kept_bytes <= self.options.kept_bytes_per_worker
+
+    def _worker_lost(self, worker: WorkerProcess) -> None:
+        """Its leases move on at their next request (``RemoteInstance``): nothing to do now."""
+        if not self._closing and worker.held:
+            log.warning("env %s: %s; its %d leases move to other workers", self.name,
+                        worker.lost, len(worker.held))
+
+    @asynccontextmanager
+    async def quarantine(self, tenant: str) -> AsyncIterator[WorkerProcess]:
+        """A fresh worker of ``tenant``'s that takes no other lease, held while one suspect
+        request runs on it alone (the suspects of a lost worker take turns). Once no suspect
+        waits, it takes leases like any worker of that tenant."""
+        self._suspects[tenant] = self._suspects.get(tenant, 0) + 1
+        try:
+            async with self._ward_locks.setdefault(tenant, asyncio.Lock()):
+                ward = self._wards.get(tenant)
+                if ward is None or ward.lost is not None:
+                    try:
+                        ward = await self._started_worker()
+                    except WorkerStartError as exc:
+                        raise PoolExhausted(f"env {self.name!r}: a worker did not start "
+                                            f"({exc}); retry", env=self.name) from None
+                    ward.tenant = tenant
+                    self._wards[tenant] = ward
+                yield ward
+        finally:
+            self._suspects[tenant] -= 1
+            if not self._suspects[tenant]:
+                del self._suspects[tenant], self._ward_locks[tenant]
+                self._wards.pop(tenant, None)
+
+    async def _task_initial(self, worker: WorkerProcess, task: int) -> Template:
+        """A task's starting database, as the worker builds it (once per task: the front runs no
+        SQL of the env's own)."""
+        if task not in self._task_initials:
+            reply, data = await worker.request({"op": "task_initial", "task": task},
+                                               self.options.deadline_grace_s + 5,
+                                               cap=_frames.MAX_DB_BYTES)
+            if not reply.get("ok") or not data.startswith(_SQLITE_MAGIC):
+                worker.kill("sent a malformed task database")
+                raise WorkerLost(worker.lost or "killed")
+            self._task_initials[task] = Template(data)
+        return self._task_initials[task]
 
     async def _grow(self) -> None:
         """One more worker; concurrent callers share the start under way."""
@@ -184,7 +302,7 @@ class WorkerEnv:
 
     def _start_growing(self) -> asyncio.Future:
         if self._growing is None:
-            self._growing = asyncio.ensure_future(self._start_worker())
+            self._growing = asyncio.ensure_future(self._started_worker())
             self._growing.add_done_callback(self._grown)
         return self._growing
 
@@ -193,7 +311,7 @@ class WorkerEnv:
         if not future.cancelled() and future.exception() is not None:
             log.warning("env %s: a worker did not start: %s", self.name, future.exception())
 
-    async def _start_worker(self) -> None:
+    async def _started_worker(self) -> WorkerProcess:
         spawning = asyncio.get_running_loop().run_in_executor(None, self._spawn)
         try:
             worker, _, _ = await asyncio.shield(spawning)
@@ -201,12 +319,21 @@ class WorkerEnv:
             spawning.add_done_callback(_kill_spawned)
             raise
         await worker.attach()
+        worker.on_lost = self._worker_lost
         self.workers.append(worker)
         self.started += 1
+        self._watch()
+        return worker
 
     def release(self, inst: RemoteInstance) -> None:
+        """The lease is closed; its instance is dropped after its request in flight."""
+        self.open_leases -= 1
+        inst.close()
+
+    def dropped(self, inst: RemoteInstance) -> None:
+        """Tell the worker to drop a closed lease's instance (no request of it is in flight)."""
         worker = inst.worker
-        worker.leases -= 1
+        self.unplace(inst)
         if worker.lost is not None:
             return
         if self.per_lease or (worker.draining and worker.leases == 0):
@@ -222,15 +349,16 @@ class WorkerEnv:
         self._retire_idle()
 
     def _retire_idle(self) -> None:
-        """Stop workers that have held no lease for ``retire_idle_s`` while the others keep
-        ``warm`` free slots; look again when the next idle one is due."""
+        """Stop workers that have held no lease for ``retire_idle_s`` (one that never held one:
+        while the others keep ``warm`` free slots); look again when the next idle one is due."""
         self._retiring = None
         now, due = time.monotonic(), None
         for worker in list(self._live()):
-            if worker.leases or worker.idle_since is None or len(self.workers) <= 1:
+            live = [w for w in self.workers if w.lost is None and w is not worker]
+            if worker.leases or worker.idle_since is None or not live:
                 continue
-            others = sum(self.capacity - w.leases for w in self._live() if w is not worker)
-            if others < max(self.warm, 1):
+            if worker.tenant is None and sum(self.capacity - w.leases for w in live
+                                             if self._has_room(w)) < max(self.warm, 1):
                 continue
             left = worker.idle_since + self.options.retire_idle_s - now
             if left <= 0:
@@ -242,6 +370,18 @@ class WorkerEnv:
                 self._retiring = asyncio.get_running_loop().call_later(due, self._retire_idle)
             except RuntimeError:  # no loop here: the next release looks again
                 pass
+
+    # -- the CPU watch ---------------------------------------------------------------------
+    def _watch(self) -> None:
+        if self._watching is None and self.options.cpu_check_s and not self._closing:
+            self._watching = asyncio.get_running_loop().call_later(
+                self.options.cpu_check_s, self._look)
+
+    def _look(self) -> None:
+        self._watching = None
+        self._cpu.look([w for w in self._live() if w.attached])
+        if self._live():
+            self._watch()
 
     # -- status and shutdown -----------------------------------------------------------------
     def pool_stats(self) -> PoolStats:
@@ -256,9 +396,11 @@ class WorkerEnv:
         self.kill_all("farm shut down")
 
     def kill_all(self, reason: str) -> None:
-        if self._retiring is not None:
-            self._retiring.cancel()
-            self._retiring = None
+        self._closing = True
+        for timer in (self._retiring, self._watching):
+            if timer is not None:
+                timer.cancel()
+        self._retiring = self._watching = None
         for worker in self.workers:
             worker.kill(reason)
         self.workers = []
@@ -267,83 +409,3 @@ class WorkerEnv:
 def _kill_spawned(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result()[0].kill("farm shut down")
-
-
-class RemoteInstance:
-    """A lease's instance, living in a worker; calls on it run one at a time."""
-
-    __slots__ = ("env", "worker", "inst", "_lock")
-
-    def __init__(self, env: WorkerEnv, worker: WorkerProcess, inst: int) -> None:
-        self.env = env
-        self.worker = worker
-        self.inst = inst
-        # Queued behind this lease's own calls in the front, not in the worker: the deadline
-        # starts when the worker starts the call, so one lease's burst cannot kill the worker.
-        self._lock = asyncio.Lock()
-
-    @property
-    def tools(self) -> list[ToolSpec]:
-        return self.env.tools
-
-    @property
-    def lost(self) -> str | None:
-        return self.worker.lost
-
-    def initial_snapshot(self) -> bytes:
-        return self.env.template
-
-    async def _ask(self, header: dict[str, Any], timeout_s: float, payload: bytes = b""
-                   ) -> tuple[dict, bytes]:
-        async with self._lock:
-            reply, payload = await self.worker.request(dict(header, inst=self.inst), timeout_s,
-                                                       payload)
-        if not reply.get("ok"):
-            self.worker.kill(f"could not serve instance {self.inst}: {reply.get('error')}")
-            raise WorkerLost(self.worker.lost)
-        return reply, payload
-
-    async def call(self, tool: str, arguments: Any) -> CallResult:
-        _, payload = await self._ask({"op": "call", "tool": tool, "args": arguments},
-                                     self.env.call_deadline_s)
-        try:
-            return CallResult.model_validate_json(payload)
-        except ValidationError:
-            self.worker.kill("sent a malformed call result")
-            raise WorkerLost(self.worker.lost) from None
-
-    async def reset(self) -> None:
-        await self._ask({"op": "reset"}, self.env.options.deadline_grace_s + 5)
-
-    async def snapshot(self) -> bytes:
-        _, data = await self._ask({"op": "snapshot"}, self.env.options.deadline_grace_s + 5)
-        if not data.startswith(_SQLITE_MAGIC):
-            self.worker.kill("sent a malformed database image")
-            raise WorkerLost(self.worker.lost)
-        return data
-
-    async def restore(self, data: bytes) -> None:
-        """Take another instance's state (a fork); ``EnvLoadError`` if the worker cannot read
-        it (the instance stays fresh)."""
-        if not data.startswith(_SQLITE_MAGIC):
-            raise EnvLoadError(f"env {self.env.name!r}: not a database image", env=self.env.name)
-        reply, _ = await self._ask({"op": "restore"}, self.env.options.deadline_grace_s + 5,
-                                   payload=data)
-        self._restored(reply)
-
-    async def copy_from(self, other: RemoteInstance) -> None:
-        """Take ``other``'s state now (a fork): inside the worker when both live in the same one
-        (no bytes cross the channel), else through the front."""
-        if other.worker is not self.worker:
-            await self.restore(await other.snapshot())
-            return
-        async with other._lock:  # after the parent's calls already sent, before its next ones
-            reply, _ = await self._ask({"op": "clone", "src": other.inst},
-                                       self.env.options.deadline_grace_s + 5)
-        self._restored(reply)
-
-    def _restored(self, reply: dict[str, Any]) -> None:
-        if not reply.get("restored"):
-            raise EnvLoadError(f"env {self.env.name!r}: the worker could not restore the "
-                               f"state ({str(reply.get('error'))[:200]})", env=self.env.name)
-

@@ -3,10 +3,12 @@
 Started by the front (``envfarm.worker.WorkerProcess``) as ``python -m envfarm.worker CONFIG``
 with the channel on fds 0 and 1. It imports what env code needs, enters the kernel jail, says
 ``ready``, and only then receives the env's code (``load``). From there on it answers requests
-one frame each way: ``new``/``drop`` an instance, ``call`` a tool, ``reset``, ``snapshot``,
-``restore``/``clone`` (a fork), ``isolation`` (the module-state probe). Generated code never sees the
-channel's fds by name; what it could do with them anyway is bounded by the front, which checks
-every reply.
+one frame each way: ``new`` (an instance of the template or of a task's own starting
+database, or from the image the frame carries), ``drop`` it, ``call`` a tool (the answer, then
+the pages of the database that the call changed: the front keeps each lease's committed state),
+``reset``, ``snapshot``, ``restore``/``clone`` (a fork), ``task_initial`` (a task's starting
+database). Generated code never sees the channel's fds by name; what it could do with them
+anyway is bounded by the front, which checks every reply.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from envfarm.worker import _frames
 
 #: How long the tasks of a request may take to hand their reply to the pipe at exit.
 _EXIT_GRACE_S = 1.0
-#: Largest tool answer passed on (an agent reads it; the front parses it).
-MAX_RESULT_BYTES = 8 << 20
+#: Largest tool answer passed on (an agent reads it; the front enforces it too).
+MAX_RESULT_BYTES = _frames.MAX_RESULT_BYTES
 #: Threads (tasks of its uid) a worker may have: FastAPI runs sync handlers on up to 40 anyio
 #: threads, plus the event loop, the call watchdog and executors. A thread bomb stops here,
 #: with a typed error, instead of filling the host's pid table.
@@ -82,15 +84,25 @@ class Worker:
         self.send = send
         self.runtime = None
         self.instances: dict[int, Any] = {}
+        #: Per instance, the database image the front holds as its committed state.
+        self.shipped: dict[int, bytes] = {}
         self.tasks: set[asyncio.Task] = set()
 
     # -- frames in ------------------------------------------------------------------------------
     def on_frame(self, header: dict[str, Any], payload: bytes) -> None:
         op, rid = header.get("op"), header.get("id")
         if op == "new":  # in order, before any later frame: no await between them
-            self.instances[int(header["inst"])] = self.runtime.instance()
+            task = header.get("task")  # a task's own start (EnvFactory's per-scenario state)
+            inst = self.runtime.instance(
+                self.runtime.task_initial(int(task)) if task is not None else None)
+            if payload:  # a lease moved here from a lost worker: its committed state
+                inst.restore(payload)
+            self.instances[int(header["inst"])] = inst
+            # the object its next call's rollback point is, read calls then ship nothing
+            self.shipped[int(header["inst"])] = payload or inst.initial
             return
         if op == "drop":
+            self.shipped.pop(int(header["inst"]), None)
             inst = self.instances.pop(int(header["inst"]), None)
             if inst is not None:
                 self._spawn(self._drop(inst), None)
@@ -119,6 +131,8 @@ class Worker:
                   ) -> tuple[dict[str, Any], bytes]:
         if op == "ping":
             return {"ok": True}, b""
+        if op == "task_initial":  # the starting database of a task with a state of its own
+            return {"ok": True}, self.runtime.task_initial(int(header["task"]))
         inst = self.instances.get(int(header.get("inst", -1)))
         if inst is None:
             return {"ok": False, "error": f"no instance {header.get('inst')}"}, b""
@@ -131,32 +145,52 @@ class Worker:
                                      f"tool {header['tool']!r} answered {len(body)} bytes; "
                                      f"the limit is {MAX_RESULT_BYTES}")))
                 body = res.model_dump_json().encode()
-            reply = {"ok": True}
+            reply = {"ok": True, "rlen": len(body)}
             if self.runtime.timeouts:  # timed-out code may still be running here
                 reply["drain"] = True
-            return reply, body
+            return reply, body + self._delta(int(header["inst"]), inst)
         if op == "reset":
             async with inst.lock:
                 inst.reset()
+                self.shipped[int(header["inst"])] = inst.initial
             return {"ok": True}, b""
         if op == "snapshot":
             async with inst.lock:
                 return {"ok": True}, inst.snapshot()
         if op in ("restore", "clone"):  # a fork: the parent's state, sent or held here
-            if op == "clone":
-                src = self.instances.get(int(header.get("src", -1)))
-                if src is None:
-                    return {"ok": True, "restored": False, "error": "no source instance"}, b""
-                async with src.lock:
-                    payload = src.snapshot()
-            async with inst.lock:
-                try:
-                    inst.restore(payload)
-                except Exception as exc:  # noqa: BLE001 - bytes it cannot read: say so
-                    return {"ok": True, "restored": False,
-                            "error": f"{type(exc).__name__}: {exc}"[:300]}, b""
-            return {"ok": True, "restored": True}, b""
+            return await self._restore(op, header, inst, payload)
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
+
+    async def _restore(self, op: str, header: dict[str, Any], inst, payload: bytes
+                       ) -> tuple[dict[str, Any], bytes]:
+        """Give ``inst`` the state ``payload`` holds (``restore``) or its source's (``clone``:
+        the answer carries the pages where that differs from what the front holds of the
+        source, so the front's copy of the clone is exact)."""
+        delta, src_key = b"", header.get("src")
+        if op == "clone":
+            src = self.instances.get(int(src_key if src_key is not None else -1))
+            if src is None:
+                return {"ok": True, "restored": False, "error": "no source instance"}, b""
+            async with src.lock:
+                payload = src.snapshot()
+            delta = _frames.encode_delta(self.shipped[int(src_key)], payload)
+        async with inst.lock:
+            try:
+                inst.restore(payload)
+            except Exception as exc:  # noqa: BLE001 - bytes it cannot read: say so
+                return {"ok": True, "restored": False,
+                        "error": f"{type(exc).__name__}: {exc}"[:300]}, b""
+            self.shipped[int(header["inst"])] = payload  # what the front holds of it now
+        return {"ok": True, "restored": True, "rlen": 0}, delta
+
+    def _delta(self, key: int, inst) -> bytes:
+        """The pages the call changed since the image the front holds (none: b"")."""
+        image = inst.committed()  # cached while nothing was written: read calls ship none
+        shipped = self.shipped.get(key)
+        if shipped is image:
+            return b""
+        self.shipped[key] = image
+        return _frames.encode_delta(shipped or b"", image)
 
 
 def _load(header: dict[str, Any]):

@@ -1,10 +1,14 @@
 """The front's side of one env worker: spawn it, talk to it, supervise it.
 
 The worker is a child process in its own session with an empty environment, no descriptors but
-its two pipes, and (once it says ``ready``) the kernel jail. The front checks every reply
-against a request it sent (ids it made, bounded frames), gives each request a deadline, and
-kills the worker when it misses one, breaks the protocol or stops reading: every instance it
-held is then lost (``WorkerLost``), never silently replaced.
+its two pipes, and (once it says ``ready``) the kernel jail. The front distrusts every byte it
+sends: a reply's header is bounded and parsed before anything else, must name a request the
+front sent and not yet saw answered, and its payload must fit that request's cap, or the frame
+is refused before its payload is read. Each request has a deadline. A worker that misses one,
+breaks the protocol or stops reading is killed: each request in flight then fails with a
+``WorkerLost`` that says whether its own answer was at fault (``GUILTY``), another's was
+(``INNOCENT``) or nobody can tell (``SUSPECT``); ``WorkerEnv`` decides from that what becomes
+of each lease (``docs/tenancy.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,18 +37,44 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 #: Workers die with the *thread* that spawned them (PR_SET_PDEATHSIG): spawn them all from one
 #: thread that lives as long as the process, whichever thread asks.
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envfarm-spawner")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+#: Verdicts on a request that was in flight when its worker was lost.
+GUILTY, INNOCENT, SUSPECT = "guilty", "innocent", "suspect"
+#: ``kill(guilty=ANSWERED)``: the guilty request was answered already (its answer failed the
+#: front's checks after it was read): every request still in flight is innocent.
+ANSWERED = 0
 
 
 class WorkerLost(Exception):
-    """The worker is gone; ``reason`` says why (every instance it held is lost)."""
+    """The worker is gone; ``reason`` says why. ``verdict``: for a request in flight then,
+    whether its answer broke the rules (``GUILTY``), another's did (``INNOCENT``) or nobody can
+    tell (``SUSPECT``: a crash, a missed deadline); None for a request sent after."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, verdict: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.verdict = verdict
 
 
 class WorkerStartError(Exception):
     """The worker did not start, or the env's code did not load in it."""
+
+
+class _Flight:
+    """A request the front sent and has not seen answered. ``future`` is None once its caller
+    went away (its answer is still due, once). ``cap``: payload bytes its answer may carry;
+    ``answer_cap``: of those, bytes of the answer proper (header ``rlen``; the rest is a state
+    delta)."""
+
+    __slots__ = ("future", "cap", "answer_cap", "deadline")
+
+    def __init__(self, future: asyncio.Future, cap: int, answer_cap: int, deadline: float
+                 ) -> None:
+        self.future: asyncio.Future | None = future
+        self.cap = cap
+        self.answer_cap = answer_cap
+        self.deadline = deadline
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -109,30 +140,42 @@ class WorkerProcess:
         #: Takes no new leases, and stops once its last lease is gone (a call timed out in it:
         #: that call's code may still be running there).
         self.draining = False
+        #: The one tenant whose leases it holds, from its first lease on (``WorkerEnv``).
+        self.tenant: str | None = None
+        #: Set by the env that placed leases here: told once, on the loop, when it is lost.
+        self.on_lost: Callable[[WorkerProcess], None] | None = None
+        #: The lease handles placed here (``WorkerEnv``'s ``RemoteInstance``s), and the bytes of
+        #: their committed state the front keeps (``CommittedState``).
+        self.held: set[Any] = set()
+        self.kept_bytes = 0
         #: The loop watching the channel's pipes, once attached. Not asyncio's pipe transports:
         #: uvloop's close a pipe's fd (libuv) and then the pipe object given them, the same fd
         #: number twice; a descriptor another thread opened in between (a verifier's reply
         #: pipe) was closed under it (verify read EBADF under load). The fds are this object's
         #: alone, closed once, by ``_end``.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._frames_in = _frames.FrameReader()
+        self._frames_in = _frames.ReplyReader(self._admit, self._on_reply)
         self._unsent = bytearray()  # what the pipe did not take yet
         self._watching_room = False  # the loop watches the pipe for room to write the rest
         self._batch: list[bytes] = []  # frames written at the end of this loop iteration
-        self._pending: dict[int, asyncio.Future] = {}
+        self._flights: dict[int, _Flight] = {}  # sent, not answered (abandoned ones too)
         self._abandoned: dict[int, None] = {}  # ids whose caller went away, oldest first
         self._rids = itertools.count(1)
-        self._closed_by_front: str | None = None
+        #: Seconds with a request in flight, for the CPU watch: a worker burning more CPU
+        #: than that allows runs code no call asked for.
+        self._busy_s = 0.0
+        self._busy_from = 0.0
 
     # -- start-up (blocking; the caller runs it in a thread when a loop is running) --------
     def start(self, load: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], bytes]:
         """Wait for ``ready``, send ``load``; returns the load reply (tools, template bytes)."""
         deadline = time.monotonic() + timeout_s
         try:
-            hello, _ = _frames.read_blocking(self.proc.stdout.fileno(), deadline)
+            hello, _ = _frames.read_blocking(self.proc.stdout.fileno(), deadline,
+                                             max_header=_frames.MAX_REPLY_HEADER)
             if not hello.get("ready"):
                 raise WorkerStartError("the worker did not say ready")
-            self.jail = str(hello.get("jail"))
+            self.jail = str(hello.get("jail"))[:1000]
             _frames.write_all(self.proc.stdin.fileno(), _frames.encode(load))
             reply, template = _frames.read_blocking(self.proc.stdout.fileno(), deadline)
         except TimeoutError:
@@ -142,10 +185,10 @@ class WorkerProcess:
             self.kill("start failed")
             raise WorkerStartError(
                 f"env worker failed to start: {self._exit_reason_now()}"
-                f" ({type(exc).__name__})") from None
+                f" ({type(exc).__name__}: {str(exc)[:200]})") from None
         if not reply.get("ok"):
             self.kill("env failed to load")
-            raise WorkerStartError(str(reply.get("error") or "the env failed to load"))
+            raise WorkerStartError(str(reply.get("error") or "the env failed to load")[:2000])
         return reply, template
 
     def _exit_reason_now(self) -> str:
@@ -163,6 +206,10 @@ class WorkerProcess:
             os.set_blocking(pipe.fileno(), False)
         self._loop.add_reader(self.proc.stdout.fileno(), self._readable)
 
+    @property
+    def attached(self) -> bool:
+        return self._loop is not None
+
     def _readable(self) -> None:
         try:
             data = os.read(self.proc.stdout.fileno(), 1 << 18)
@@ -173,44 +220,64 @@ class WorkerProcess:
         if not data:
             self._on_eof()
             return
+        self.received(data)
+
+    def received(self, data: bytes) -> None:
+        """Bytes from the worker's pipe: frames are admitted, read and delivered, or the worker
+        is killed at the first that breaks the rules."""
         try:
-            for body in self._frames_in.feed(data):
-                self._on_reply(*_frames.decode(body))
-                if self.lost is not None:
-                    return
+            self._frames_in.feed(data)
         except _frames.FrameError as exc:
-            self.kill(f"broke the channel protocol ({exc})")
+            self.kill(f"broke the channel protocol ({exc})", guilty=exc.rid)
 
     # -- requests ---------------------------------------------------------------------------
     def post(self, header: dict[str, Any], payload: bytes = b"") -> None:
         """A request that gets no reply (``new``, ``drop``)."""
         self._write(_frames.encode(header, payload))
 
-    async def request(self, header: dict[str, Any], timeout_s: float,
-                      payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    async def request(self, header: dict[str, Any], timeout_s: float, payload: bytes = b"",
+                      *, cap: int = 0, answer_cap: int | None = None
+                      ) -> tuple[dict[str, Any], bytes]:
         """Send one request and wait for its reply; WorkerLost if the worker is (or goes) away,
-        or misses the deadline (then it is killed: what it was doing can no longer be trusted)."""
+        or misses the deadline (then it is killed: what it was doing can no longer be trusted).
+        ``cap``: payload bytes the reply may carry (``answer_cap`` of them its answer proper,
+        default all); a reply over either kills the worker, this request guilty."""
         if self.lost is not None:
             raise WorkerLost(self.lost)
         rid = next(self._rids)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[rid] = future
+        loop = asyncio.get_running_loop()
+        flight = _Flight(loop.create_future(), cap, cap if answer_cap is None else answer_cap,
+                         time.monotonic() + timeout_s)
+        if not self._flights:
+            self._busy_from = time.monotonic()
+        self._flights[rid] = flight
         try:
             self._write(_frames.encode(dict(header, id=rid), payload))
             async with asyncio.timeout(timeout_s):
-                return await future
+                return await flight.future
         except TimeoutError:
             self.kill(f"a request ran past its {timeout_s:g} s deadline")
-            raise WorkerLost(self.lost or "killed") from None
+            raise WorkerLost(self.lost or "killed", SUSPECT) from None
         except asyncio.CancelledError:
             # The caller went away (a client hung up, Serve cancelled its request): the worker
-            # still answers, and that answer is expected, not a forgery.
-            self._abandoned[rid] = None
-            while len(self._abandoned) > MAX_ABANDONED:
-                self._abandoned.pop(next(iter(self._abandoned)))
+            # still answers, once, and that answer is expected, not a forgery.
+            if rid in self._flights:
+                flight.future = None
+                self._abandoned[rid] = None
+                while len(self._abandoned) > MAX_ABANDONED:
+                    self._landed(next(iter(self._abandoned)))
             raise
         finally:
-            self._pending.pop(rid, None)
+            if flight.future is not None:
+                self._landed(rid)
+
+    def _landed(self, rid: int) -> _Flight | None:
+        """Forget a request (answered, failed, or given up on)."""
+        flight = self._flights.pop(rid, None)
+        self._abandoned.pop(rid, None)
+        if flight is not None and not self._flights:
+            self._busy_s += time.monotonic() - self._busy_from
+        return flight
 
     def _write(self, data: bytes) -> None:
         """Queue a frame; the frames of one event-loop iteration go out in one write (under
@@ -252,19 +319,68 @@ class WorkerProcess:
             self._loop.remove_writer(fd)
             self._watching_room = False
 
-    def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
+    def _admit(self, header: dict[str, Any], size: int) -> None:
+        """A reply's header, before its payload is read: it must answer a request in flight,
+        within that request's caps (FrameError otherwise: the worker is killed)."""
         rid = header.get("id")
-        future = self._pending.get(rid) if isinstance(rid, int) else None
-        if future is None and rid in self._abandoned:
-            del self._abandoned[rid]  # the answer to a request whose caller went away
-            return
-        if future is None:  # a reply to nothing the front asked: it cannot be trusted
-            self.kill(f"answered a request it was never sent (id {rid!r})")
-            return
+        flight = self._flights.get(rid) if type(rid) is int else None
+        if flight is None:  # a reply to nothing the front asked, or a second one
+            raise _frames.FrameError(f"answered a request it was never sent (id {rid!r})")
+        answer = header.get("rlen", size)
+        if size > flight.cap or type(answer) is not int or not 0 <= answer <= size \
+                or answer > flight.answer_cap:
+            raise _frames.FrameError(
+                f"answered {size} bytes ({answer!r} of answer) to a request whose answer may "
+                f"carry {flight.cap} ({flight.answer_cap} of answer)", rid=rid)
+
+    def _on_reply(self, header: dict[str, Any], payload: bytes) -> None:
+        flight = self._landed(header["id"])  # admitted: in flight until now
+        if flight is None or flight.future is None:
+            return  # the answer to a request whose caller went away
         if header.get("drain"):
             self.draining = True
-        if not future.done():
-            future.set_result((header, payload))
+        if not flight.future.done():
+            flight.future.set_result((header, payload))
+
+    def overdue(self) -> bool:
+        """Whether a request whose caller went away is past its deadline unanswered (the
+        caller's own deadline no longer watches it)."""
+        now = time.monotonic()
+        return any(now > self._flights[rid].deadline for rid in self._abandoned
+                   if rid in self._flights)
+
+    def busy_seconds(self) -> float:
+        """Seconds so far with a request in flight."""
+        return self._busy_s + (time.monotonic() - self._busy_from if self._flights else 0.0)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time its threads used (one read of ``/proc/<pid>/stat``); None if it is gone."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        fields = stat[stat.rfind(b")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def runnable_seconds(self) -> float | None:
+        """Seconds its threads were runnable: on a CPU or waiting for one (a thread spinning on
+        a contended host counts fully); None if it is gone or the kernel keeps no schedstat."""
+        root = f"/proc/{self.pid}/task"
+        try:
+            tids = os.listdir(root)
+        except OSError:
+            return None
+        total, read = 0, 0
+        for tid in tids:
+            try:
+                with open(f"{root}/{tid}/schedstat", "rb") as f:
+                    ran, waited, _ = f.read().split()
+            except (OSError, ValueError):  # a thread that ended meanwhile
+                continue
+            total += int(ran) + int(waited)
+            read += 1
+        return total / 1e9 if read else None
 
     def _on_eof(self) -> None:
         if self.lost is None:
@@ -277,18 +393,26 @@ class WorkerProcess:
             self._mark_lost(_exit_reason(code))
         self.kill(self.lost)
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, guilty: int | None = None) -> None:
         if self.lost is not None:
             return
         self.lost = f"env worker {self.pid} {reason}"
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(WorkerLost(self.lost))
+        for rid, flight in self._flights.items():
+            if flight.future is not None and not flight.future.done():
+                verdict = (GUILTY if rid == guilty else SUSPECT if guilty is None
+                           else INNOCENT)
+                flight.future.set_exception(WorkerLost(self.lost, verdict))
+        if self.on_lost is not None and self._loop is not None and not self._loop.is_closed():
+            if _running_loop() is self._loop:
+                self._loop.call_soon(self.on_lost, self)
+            else:
+                self._loop.call_soon_threadsafe(self.on_lost, self)
 
     # -- ending -----------------------------------------------------------------------------
-    def kill(self, reason: str | None = None) -> None:
-        """SIGKILL the worker (idempotent); every pending and later request gets WorkerLost."""
-        self._mark_lost(reason or "was stopped by the front")
+    def kill(self, reason: str | None = None, guilty: int | None = None) -> None:
+        """SIGKILL the worker (idempotent); every pending and later request gets WorkerLost.
+        ``guilty``: the request whose answer broke the rules, if one did."""
+        self._mark_lost(reason or "was stopped by the front", guilty)
         self._batch = []
         if self.proc.poll() is None:
             try:

@@ -94,6 +94,9 @@ def queries(
     agent_model: str = typer.Option("", help="the agent's model [default: the LLM's]"),
     agent_api_key: str = typer.Option("", help="the agent endpoint's key [default: the LLM's]"),
     agent_max_turns: int = typer.Option(20, min=2, help="assistant turns the agent gets per request"),
+    scenario_keep: float = typer.Option(0.75, min=0.0, max=1.0, help=(
+        "each chain's scenario starts from its own database: the sample data with each row no other "
+        "row references kept with this probability (1: every chain on the shared sample data)")),
     as_json: bool = typer.Option(False, "--json", help="print one JSON summary per env"),
     **llm_options: Any,
 ) -> None:
@@ -120,7 +123,8 @@ def queries(
                     with VerifierSandbox(workers=2, timeout_s=10.0) as sandbox:
                         return await queries_catalog(catalog, out, llm=llm, sandbox=sandbox, solver=solver,
                                                      envs=env or None, seed=seed, limit=limit or None,
-                                                     concurrency=concurrency, batch=batch)
+                                                     concurrency=concurrency, batch=batch,
+                                                     keep=None if scenario_keep >= 1 else scenario_keep)
             finally:
                 if hasattr(solver, "aclose"):
                     await solver.aclose()

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from synth.factory.dbvalues import foreign_keys, table_rows
+from envfarm.dbrows import table_rows
+from synth.factory.dbvalues import foreign_keys
 
 _ACTING_USER = re.compile(r"^\s*CURRENT_USER(?:_ID)?\s*(?::\s*int\s*)?=\s*(\d+)\s*$", re.MULTILINE)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from typing import Any
 
 from envfarm.template import open_memory_db
 from synth.factory.candidates import singular
@@ -73,26 +72,6 @@ def db_source(param: str, columns: DbColumns) -> tuple[str, str] | None:
 def strict_id(param: str) -> bool:
     """A surrogate key: only data can supply it (a user does not know ``hotel_id = 17``)."""
     return re.search(r"(^|_)id$", param.lower()) is not None
-
-
-def table_rows(data: bytes) -> dict[str, dict[int, dict[str, Any]]]:
-    """table -> rowid -> row of a serialized database (tables without rowid are skipped)."""
-    conn = open_memory_db(False)
-    try:
-        conn.deserialize(data)
-        out: dict[str, dict[int, dict[str, Any]]] = {}
-        tables = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-        for table in tables:
-            try:
-                cur = conn.execute(f'SELECT rowid AS "__rowid", * FROM "{table}"')
-            except sqlite3.Error:
-                continue
-            cols = [d[0] for d in cur.description]
-            out[table] = {row[0]: dict(zip(cols[1:], row[1:], strict=True)) for row in cur.fetchall()}
-        return out
-    finally:
-        conn.close()
 
 
 def foreign_keys(data: bytes) -> list[tuple[str, str, str, str]]:

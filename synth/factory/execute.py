@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envfarm.check import example_arguments
+from envfarm.dbrows import table_rows
 from envfarm.runtime import EnvRuntime
 from synth.factory.consistent import Draw, relations
 from synth.factory.dbvalues import (
@@ -24,7 +25,6 @@ from synth.factory.dbvalues import (
     column_values,
     db_source,
     strict_id,
-    table_rows,
 )
 from synth.factory.fields import field_values
 from synth.factory.model import Call, Chain
@@ -58,7 +58,8 @@ class Executed:
 
 async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0, *,
                         optional: bool = False, consistent: bool = True, step_tries: int = STEP_TRIES,
-                        avoid: frozenset[tuple[int, str, str]] = frozenset()) -> Executed:
+                        avoid: frozenset[tuple[int, str, str]] = frozenset(),
+                        initial: bytes | None = None) -> Executed:
     """Run ``chain`` on a fresh instance of ``runtime``; never raises for a bad chain.
 
     ``optional``: also pass each optional parameter a same-named database column can fill (a
@@ -68,14 +69,15 @@ async def execute_chain(runtime: EnvRuntime, chain: Chain, columns: DbColumns, s
     not tried (a cancelled reservation cannot be cancelled, another one of the user's can), up to
     this many calls; a failed call changes nothing, so only the accepted call is recorded.
     ``avoid``: (step, parameter, repr(value)) an earlier run failed with, not drawn again while
-    another value is left.
+    another value is left. ``initial``: the scenario's own starting database (``synth.factory.
+    scenario``; values are drawn from it); None: the env's sample data.
     """
     rng = random.Random(f"{seed}:{chain.chain_id}")
     tools = {t.name: t for t in runtime.tools}
     out = Executed(chain=chain)
-    data = runtime.template.data
+    data = runtime.template.data if initial is None else initial
     draw = Draw(relations(data, runtime.bundle.code)) if consistent else None
-    inst = runtime.instance()
+    inst = runtime.instance(initial)
     try:
         for i, step in enumerate(chain.steps):
             tool = tools.get(step.tool)
@@ -180,7 +182,7 @@ class Drawn:
 
 async def execute_drawing(runtime: EnvRuntime, chain: Chain, columns: DbColumns, seed: int | str = 0, *,
                           tries: int = 5, consistent: bool = True, avoid_failed: bool = True,
-                          step_tries: int = STEP_TRIES) -> list[Drawn]:
+                          step_tries: int = STEP_TRIES, initial: bytes | None = None) -> list[Drawn]:
     """Every draw until one executes: ``tries`` value draws, then two with optional parameters filled
     (an update tool refuses a call that changes nothing); each avoids the values earlier failed
     calls were given (``avoid_failed``). The last entry is the outcome."""
@@ -188,7 +190,7 @@ async def execute_drawing(runtime: EnvRuntime, chain: Chain, columns: DbColumns,
     out: list[Drawn] = []
     for attempt, optional in [(a, False) for a in range(tries)] + [(tries + a, True) for a in range(2)]:
         kwargs = {"seed": f"{seed}.{attempt}", "optional": optional, "consistent": consistent,
-                  "step_tries": step_tries, "avoid": frozenset(avoid)}
+                  "step_tries": step_tries, "avoid": frozenset(avoid), "initial": initial}
         ex = await execute_chain(runtime, chain, columns, **kwargs)
         out.append(Drawn(ex, kwargs))
         if ex.drop not in REDRAW:

@@ -137,6 +137,9 @@ def export_env(catalog: Any, name: str, out: Path, episodes: list[Episode]) -> d
         records.setdefault("gen_solutions.jsonl", []).append(json.dumps({
             "scenario": name, "task_idx": idx, "final_answer": e.final_answer,
             "solution": [{"tool": c.tool, "arguments": c.arguments} for c in e.calls]}))
+        if e.task_state:  # the scenario's own starting database (the farm serves the task from it)
+            records.setdefault("gen_task_states.jsonl", []).append(json.dumps({
+                "scenario": name, "task_idx": idx, "drop_rows": e.task_state}))
     for file_name, lines in records.items():
         _write(folder / file_name, lines)
     # the farm's task is one text; the multi-turn user (each message and the calls it asks for) is here

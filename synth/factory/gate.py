@@ -4,9 +4,11 @@ A candidate episode (executed chain, templated verifier, written request) become
 in-process farm built for the batch: the env's own tasks, then one task per candidate with its
 verifier. For each candidate:
 
-1. a no-op episode with a *plausible wrong answer* (values of the database that are not the
-   expected ones, or "Done" for a change) is verified: a verifier that calls it complete is one
-   an agent can pass by guessing, and the episode is dropped (``guessable``);
+1. the hack-probe suite (``envfarm.hackprobes``) plays a no-op, the request echoed, plausible
+   wrong answers (the candidate's own: other values of the asked column, or "Done" for a
+   change), a dump of every value the reads return, the reference with an unrelated destructive
+   write, and the reference without its last write; a verifier that rewards any of them, or
+   cannot judge one, drops the episode (``hackable``);
 2. the solver (an agent reading only the task text) runs an episode on a fresh lease; the episode
    is accepted only when the farm's verifier says that trajectory completed the task
    (``unsolved`` otherwise: the request does not say what the chain did, or cannot be done).
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +30,13 @@ from envfarm.catalog import Catalog
 from envfarm.client import ASGITransport, EnvfarmError, Farm
 from envfarm.errors import SynthesisError
 from envfarm.farm import FarmConfig, FarmCore, PoolConfig, build_app
-from envfarm.models import EnvBundle, Verifier
+from envfarm.hackprobes import HackReport, ProbeTask, probe_tasks
+from envfarm.models import EnvBundle, ToolCall, Verifier
 from envfarm.runtime import EnvRuntime
-from envfarm.verdict import Outcome, Verdict
+from envfarm.verdict import Verdict
 from judge import Judge, JudgeConfig
 
-DROP_GUESSABLE = "guessable"   # a no-op with a plausible wrong answer passes the verifier
+DROP_HACKABLE = "hackable"     # a hack probe passes the verifier (or it cannot judge one)
 DROP_UNSOLVED = "unsolved"     # the agent following the written request did not pass it
 DROP_SOLVER_ERROR = "solver_error"  # the agent's episode ended without a verdict (endpoint down)
 
@@ -73,11 +76,22 @@ class AgentSolver:
 
 @dataclass
 class Candidate:
-    """One episode waiting for the gate: its farm task text, verifier and wrong answers."""
+    """One episode waiting for the gate: its farm task text, verifier, plausible wrong answers
+    (the probes' guesses), and the reference calls and answer the probes build on."""
 
     task: str
     verifier_code: str
     wrong_answers: list[str]
+    solution: list[ToolCall] | None = None
+    final_answer: str | None = None
+    #: the scenario's own starting database: rows of the env's it lacks, and the database
+    task_state: dict[str, list[int]] = field(default_factory=dict)
+    initial_db: bytes | None = None
+
+    def probe_task(self) -> ProbeTask:
+        return ProbeTask(text=self.task, code_verifier=self.verifier_code, solution=self.solution,
+                         final_answer=self.final_answer, guesses=self.wrong_answers,
+                         initial_db=self.initial_db)
 
 
 @dataclass
@@ -116,7 +130,9 @@ async def gate_farm(base: EnvBundle, candidates: list[Candidate], judge: Judge) 
         "tasks": [*base.tasks, *(c.task for c in candidates)],
         "code_verifiers": {**base.code_verifiers, **{
             first + i: Verifier(task_idx=first + i, task=c.task, code=c.verifier_code)
-            for i, c in enumerate(candidates)}}})
+            for i, c in enumerate(candidates)}},
+        "task_states": {**base.task_states, **{first + i: c.task_state for i, c in enumerate(candidates)
+                                               if c.task_state}}})
     core = FarmCore(FarmConfig(envs=[bundle.name], pool=PoolConfig(warm=2)),
                     catalog=Catalog({bundle.name: bundle}, [], Path(".")),
                     runtimes={bundle.name: EnvRuntime(bundle)}, verifier=lambda: _Borrowed(judge))
@@ -125,20 +141,11 @@ async def gate_farm(base: EnvBundle, candidates: list[Candidate], judge: Judge) 
         yield farm, first
 
 
-def _passes(verdict: Verdict) -> bool:
-    return verdict.outcome in (Outcome.completed, Outcome.partially_completed)
-
-
-async def gate_one(farm: Farm, env: str, task_idx: int, candidate: Candidate, solver: Solver) -> GateResult:
+async def gate_one(farm: Farm, env: str, task_idx: int, probes: HackReport, solver: Solver) -> GateResult:
     """The two checks of one candidate (module doc); never raises for a bad episode."""
+    if probes.rejects:
+        return GateResult(False, DROP_HACKABLE, probes.summary()[:400])
     try:
-        async with farm.lease(env, task_idx=task_idx) as lease:
-            for answer in candidate.wrong_answers:
-                verdict = await lease.verify(task_idx, answer)
-                if _passes(verdict) or verdict.outcome is Outcome.invalid:
-                    why = "passes" if _passes(verdict) else f"cannot judge ({verdict.reason})"
-                    return GateResult(False, DROP_GUESSABLE,
-                                      f"the verifier {why} a no-op answering {answer!r}"[:400])
         solved = await solver(farm, env, task_idx)
     except EnvfarmError as exc:
         return GateResult(False, DROP_SOLVER_ERROR, f"{type(exc).__name__}: {exc}"[:400])
@@ -150,17 +157,20 @@ async def gate_one(farm: Farm, env: str, task_idx: int, candidate: Candidate, so
 
 
 async def gate_batch(base: EnvBundle, candidates: list[Candidate], solver: Solver, judge: Judge, *,
-                     concurrency: int = 4) -> list[GateResult]:
-    """Gate every candidate on one farm built for the batch, ``concurrency`` at a time."""
+                     concurrency: int = 4, runtime: EnvRuntime | None = None) -> list[GateResult]:
+    """Gate every candidate on one farm built for the batch, ``concurrency`` at a time.
+    ``runtime``: ``base`` compiled already (the probes play on it)."""
     if not candidates:
         return []
+    reports = await probe_tasks(runtime or EnvRuntime(base), [c.probe_task() for c in candidates], judge,
+                                env=base.name, concurrency=concurrency)
     limit = asyncio.Semaphore(max(1, concurrency))
     async with gate_farm(base, candidates, judge) as (farm, first):
-        async def one(i: int, c: Candidate) -> GateResult:
+        async def one(i: int, report: HackReport) -> GateResult:
             async with limit:
-                return await gate_one(farm, base.name, first + i, c, solver)
+                return await gate_one(farm, base.name, first + i, report, solver)
 
-        return list(await asyncio.gather(*(one(i, c) for i, c in enumerate(candidates))))
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(reports))))
 
 
 @dataclass(frozen=True)

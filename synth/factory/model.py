@@ -126,6 +126,8 @@ class Episode(BaseModel):
     detail: str = ""               # the failing call, gate problem or leak behind ``reason``
     #: LLM usage of writing this episode's request (prompt_tokens, completion_tokens, cost_usd)
     usage: dict[str, float] = Field(default_factory=dict)
+    #: the scenario's own starting database: the rows of the env's sample data it lacks ({}: all)
+    task_state: dict[str, list[int]] = Field(default_factory=dict)
 
 
 def task_text(episode: Episode) -> str:

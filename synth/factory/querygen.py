@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
@@ -29,8 +30,10 @@ from envfarm.errors import LLMError
 from synth._answers import _Answer, parse_answer
 from synth._parse import ParseError
 from synth._usage import count_call
+from synth.factory.candidates import singular
 from synth.factory.dbvalues import strict_id
 from synth.factory.execute import Executed
+from synth.factory.verifier import states
 
 STAGE = "queries"
 REFINE_STAGE = "queries_refine"
@@ -52,11 +55,15 @@ REFINE_SYSTEM = """You turn a user's explicit goals into the messages this user 
 to an assistant, one message per turn. Calibrate each like a person: refer to things implicitly \
 where the user or the conversation makes them clear ("my latest booking", "that hotel", "the one I \
 just made"), leave out what the assistant can look up, keep values the user knows (names, dates, \
-amounts), never a tool or endpoint name and never an internal id number the user cannot know (say \
-"the Dune book", not "book 17"). A later message may build on what the assistant answered. Do not \
-copy the goal.
+amounts), never a tool, endpoint, table or field name (not "delete payment method", not \
+"borrower_name") and never an internal id number the user cannot know (say "the Dune book", not \
+"book 17"). Say enough for the assistant to find exactly the thing meant when there are several \
+("my Visa ending 4242", not "my card"; "my latest booking" is fine), and never state what the \
+user asks to learn. A later message may build on what the assistant answered. Do not copy the goal.
 Answer with one JSON object: {"messages": ["<turn 1 message>", ...]} with exactly one message per turn."""
 
+#: characters of each call's answer the writer sees (what it can name a record by)
+RESULT_CHARS = 2_000
 #: most tools one user turn asks for (the paper's turns of 1-5 tool calls)
 MAX_TURN_CALLS = 5
 
@@ -153,6 +160,8 @@ class QueryStats:
     llm_errors: int = 0
     names_tool: int = 0
     names_id: int = 0
+    names_column: int = 0
+    names_answer: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
@@ -169,7 +178,8 @@ def query_prompt(env: str, ex: Executed, answer: tuple[str, Any] | None, turns: 
     lines = [f"App: {env}", "", "Calls the assistant makes, in order:"]
     for i, call in enumerate(ex.calls):
         result = json.dumps(call.result, default=str)
-        lines.append(f"{i + 1}. {call.tool}({json.dumps(call.arguments, default=str)}) -> {result[:600]}")
+        # the writer must see what it names: a list's later items too
+        lines.append(f"{i + 1}. {call.tool}({json.dumps(call.arguments, default=str)}) -> {result[:RESULT_CHARS]}")
     start, parts = 1, []
     for t, size in enumerate(turns):
         span = f"call {start}" if size == 1 else f"calls {start}-{start + size - 1}"
@@ -198,23 +208,46 @@ def hidden_ids(ex: Executed) -> set[str]:
             if strict_id(k) and k not in ex.stated and isinstance(v, (int, str)) and str(v).strip()}
 
 
-def leak(messages: list[str], tools: list[str], ids: set[str]) -> str | None:
-    """"names_tool" / "names_id" when the request gives away a tool or a raw id, else None."""
+def leak(messages: list[str], tools: list[str], ids: set[str], *, columns: Iterable[str] = (),
+         answer: Any = None) -> str | None:
+    """Why the request gives away what the agent should work out, or None: ``names_tool`` (a
+    tool's name, also written as words: "delete payment method"), ``names_id`` (a raw id the user
+    cannot know: "id 17", "#17", "loan 17"), ``names_column`` (a table or column name as the
+    schema writes it: "borrower_name"), ``names_answer`` (a question whose request already states
+    its answer: the agent could echo it)."""
     text = " ".join(messages)
     for tool in tools:
-        if re.search(rf"\b{re.escape(tool)}\b", text, re.IGNORECASE):
+        if re.search(rf"\b{re.escape(tool)}\b", text, re.IGNORECASE) or _as_words(tool, text):
             return "names_tool"
+    names = [c for c in columns if c]
+    entities = {singular(n.lower()) for n in names if "_" not in n} | {n.lower() for n in names if "_" not in n}
     for value in ids:
         near = rf"(?:\bid\b|#|\bnumber\b|\bno\.)\s*:?\s*{re.escape(value)}\b"
         if re.search(near, text, re.IGNORECASE) or (len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text)):
             return "names_id"
+        if any(re.search(rf"\b{re.escape(e)}s?\s+#?{re.escape(value)}\b", text, re.IGNORECASE) for e in entities):
+            return "names_id"
+    if any("_" in n and re.search(rf"\b{re.escape(n)}\b", text, re.IGNORECASE) for n in names):
+        return "names_column"
+    if answer is not None and states(text, answer):
+        return "names_answer"
     return None
 
 
+def _as_words(tool: str, text: str) -> bool:
+    """``delete_payment_method`` written as "delete payment method(s)" (tools of two words or more)."""
+    words = [w for w in tool.lower().split("_") if w]
+    if len(words) < 2:
+        return False
+    pattern = r"[\s-]+".join(rf"{re.escape(singular(w))}(?:e?s)?" for w in words)
+    return re.search(rf"\b{pattern}\b", text, re.IGNORECASE) is not None
+
+
 async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
-                      stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
+                      stats: QueryStats, columns: Iterable[str] = ()) -> tuple[QueryPlan | None, list[int], str]:
     """``(plan, turn_calls, "")`` or ``(None, turn_calls, why)`` with why in malformed | llm_error |
-    names_tool | names_id: the draft, then the calibrated refinement (``plan.turns[i].message``)."""
+    names_tool | names_id | names_column | names_answer (``leak``): the draft, then the calibrated
+    refinement (``plan.turns[i].message``). ``columns``: the database's table and column names."""
     turns = plan_turns(len(ex.calls), ex.chain.chain_id)
     query = query_prompt(env, ex, answer, turns)
     plan = await _ask(llm, env, SYSTEM, query, STAGE, lambda text: parse_query(text, turns), stats)
@@ -226,7 +259,7 @@ async def write_query(llm: Any, env: str, ex: Executed, tools: list[str], answer
         return None, turns, messages
     for turn, message in zip(plan.turns, messages, strict=True):
         turn.message = message
-    why = leak(messages, tools, hidden_ids(ex))
+    why = leak(messages, tools, hidden_ids(ex), columns=columns, answer=answer[1] if answer else None)
     if why:
         setattr(stats, why, getattr(stats, why) + 1)
         return None, turns, why

@@ -3,7 +3,8 @@
 QueryGen (``synth.factory.querygen``) has an LLM write what a user would type: implicit intent, no
 tool names, no internal ids. Without an LLM, this writer states the chain explicitly, one numbered
 step per call: the tool's own one-line summary from the env's API spec, then every argument the
-call was given, by parameter name, in call order::
+call was given, by parameter name, in call order (a summary that spells a tool's name, "List transfers"
+for ``list_transfers``, gets another verb: "Show transfers")::
 
     Step 1: Temporarily lock a card: card_id 3. Step 2: Transfer money: from_account_id 1, to_account_id 2, amount 50.0.
 
@@ -25,6 +26,15 @@ from synth.factory.querygen import QueryPlan, QueryStats, leak
 #: the label every record, report and figure built on these requests carries
 WRITER = "template writer (no LLM)"
 
+#: another verb for a summary whose words are a tool's name ("List transfers": list_transfers)
+SYNONYMS = {"list": "Show", "get": "Fetch", "search": "Look through", "update": "Change", "create": "Make",
+            "delete": "Erase", "add": "Put in", "remove": "Take out", "log": "Record", "run": "Execute",
+            "start": "Begin", "complete": "Finish", "watch": "Follow", "cancel": "Call off", "set": "Make",
+            "check": "Verify", "mark": "Flag", "send": "Write", "edit": "Revise", "find": "Look up",
+            "change": "Alter", "lock": "Freeze", "unlock": "Unfreeze", "book": "Reserve", "save": "Keep",
+            "review": "Rate", "withdraw": "Take back", "contribute": "Pay in", "schedule": "Plan",
+            "transfer": "Move", "report": "Declare", "dispute": "Contest", "stop": "Quit"}
+
 
 def value_text(value: Any) -> str:
     """A value as the request states it: JSON, so a string keeps its quotes and a number its form."""
@@ -39,6 +49,21 @@ def step_sentence(summary: str, arguments: dict[str, Any]) -> str:
     return f"{head}: " + ", ".join(f"{k} {value_text(v)}" for k, v in arguments.items()) + "."
 
 
+def first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0]
+
+
+def unnamed(summary: str, tools: list[str]) -> str:
+    """``summary``, or, when it spells a tool's name ("List transfers"), the same with its first
+    word replaced by a synonym ("Show transfers"); unchanged when no synonym cures it."""
+    if leak([summary], tools, set()) is None:
+        return summary
+    verb, _, rest = summary.partition(" ")
+    other = SYNONYMS.get(verb.lower())
+    fixed = f"{other} {rest}".strip() if other else summary
+    return fixed if leak([fixed], tools, set()) is None else summary
+
+
 class TemplateWriter:
     """Writes each executed chain's request from a template (module doc); the same chain and
     values always give the same text."""
@@ -51,17 +76,20 @@ class TemplateWriter:
 
     @classmethod
     def for_tools(cls, tools: list[Any]) -> TemplateWriter:
-        """From an env's tool specs (the first line of each description)."""
-        return cls({t.name: (t.description or t.name).strip().split("\n", 1)[0] for t in tools})
+        """From an env's tool specs: the first line of each description, its verb replaced
+        (``SYNONYMS``) where the summary spells a tool's name as words."""
+        names = [t.name for t in tools]
+        return cls({t.name: unnamed(first_line(t.description or t.name), names) for t in tools})
 
     def message(self, ex: Executed) -> str:
         return " ".join(f"Step {k}: " + step_sentence(self.summaries.get(c.tool, c.tool), c.arguments)
                         for k, c in enumerate(ex.calls, 1))
 
     async def write(self, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
-                    stats: QueryStats) -> tuple[QueryPlan | None, list[int], str]:
+                    stats: QueryStats, **_: Any) -> tuple[QueryPlan | None, list[int], str]:
         """What ``synth.factory.querygen.write_query`` returns, without an LLM: ``(plan, [calls], "")``,
-        or ``(None, [calls], "names_tool")`` when a summary names a tool."""
+        or ``(None, [calls], "names_tool")`` when a summary names a tool. Every argument is stated
+        (``ex.stated``), so the honest gate's ambiguity check sees ids the request gives."""
         text = self.message(ex)
         if answer is not None:
             text += f" Then tell me the {answer[0].rsplit('.', 1)[-1].strip('[]').replace('_', ' ')}."
@@ -70,6 +98,7 @@ class TemplateWriter:
         if why:
             setattr(stats, why, getattr(stats, why) + 1)
             return None, turns, why
+        ex.stated.update({k: v for c in ex.calls for k, v in c.arguments.items()})
         plan = QueryPlan(profile=f"A user of {env} ({WRITER}).", scenario="They ask for each step explicitly.",
                          turns=[{"subgoals": [self.summaries.get(c.tool, c.tool) for c in ex.calls],
                                  "goal": text, "message": text}])

@@ -3,8 +3,12 @@
 The gate (beyond AWM) asks for a reference solution (tool calls plus, for tasks that ask for
 information, a final answer), runs it on a fresh instance, and accepts the task only if the
 code-mode verifier says "complete" after it (given the final answer) and not after a no-op (no
-answer), and the sql-mode verifier returns facts the LLM judge can use to tell the two apart
-(``envfarm.check.check_solution``). Otherwise it
+answer), the sql-mode verifier returns facts the LLM judge can use to tell the two apart
+(``envfarm.check.check_solution``), and no hack probe passes the code-mode verifier
+(``envfarm.hackprobes``: echo, guesses, a dump, a destructive write beside the reference...; a
+probe that passes sends the verifier back for repair with what it let through). The accepted
+code-mode verifier is first guarded (``synth.guard``: rows the reference does not touch must stay
+as they were), so a destructive write beside the right answer fails mechanically. Otherwise it
 repairs the solution, the verifier or the sample data (the LLM's error summary picks which) within
 the budget, or drops the task with its reasons. Only accepted tasks get verifier and solution records.
 
@@ -22,7 +26,9 @@ from typing import Any
 
 from envfarm import EnvRuntime
 from envfarm.check import check_solution
+from envfarm.hackprobes import ProbeTask, probe_task
 from envfarm.models import ToolCall
+from judge import Judge, JudgeConfig
 from synth import prompts
 from synth._answers import RowsAnswer, SolutionAnswer, VerifierAnswer, fix_target, parse_answer
 from synth._context import Meter, RunContext
@@ -30,6 +36,7 @@ from synth._correct import Attempt, LoopResult, self_correct, summarize
 from synth._parse import ParseError
 from synth._probe import load_runtime, make_bundle
 from synth._sql import ddl_text
+from synth.guard import guard_code, read_written_tables, touched_by
 from synth.report import gate_skipped
 from synth.stages.sample import (
     effective_sample,
@@ -57,10 +64,12 @@ class GateCheck:
     calls: list[dict[str, Any]] = field(default_factory=list)
     data_rejected: bool = False  # the task's extra rows do not go in, or break accepted tasks
     data_commit: dict[str, Any] | None = None  # the repair this acceptance committed
+    hackable: bool = False  # a hack probe passes the code-mode verifier (or it cannot judge one)
+    guarded_code: str | None = None  # the code-mode verifier, guarded against collateral writes
 
     @property
     def ok(self) -> bool:
-        return self.solvable and self.discriminates and self.sql_ok and not self.data_rejected
+        return self.solvable and self.discriminates and self.sql_ok and not self.data_rejected and not self.hackable
 
 
 def task_done(ctx: RunContext, name: str, idx: int) -> bool:
@@ -246,8 +255,8 @@ async def _one_task(ctx: RunContext, sh: _Shared, idx: int, task: str) -> bool:
             extra=f"Task: {task}\nTool call log: {json.dumps(check.calls)[:3000]}",
         )
         target = fix_target(summary) or ("solution" if check.calls_failed else "verifier")
-        if check.solvable and check.discriminates and not check.sql_ok:
-            target = "verifier"  # only the sql-mode verifier is at fault
+        if check.solvable and check.discriminates and (check.hackable or not check.sql_ok):
+            target = "verifier"  # only a verifier is at fault
         feedback = prompts.format_summary(summary) + f"\n\nWhat happened: {check.reason}"
         if target == "data":
             rows = await _gen_rows(ctx, dmeter, sh, task, feedback, extra)
@@ -291,9 +300,10 @@ async def _gate_check(ctx: RunContext, sh: _Shared, idx: int, task: str, verifie
             runtime, rows, why = await _candidate(ctx, sh, extra)
             if runtime is None:
                 return GateCheck(reason=why, data_rejected=True)
-        check = await _check(ctx, runtime, _Accepted(verifier["code"], verifier["sql"], solution))
+        check = await _check(ctx, runtime, _Accepted(verifier["code"], verifier["sql"], solution), task)
         if not check.ok:
             return check
+        verifier = {**verifier, "code": check.guarded_code or verifier["code"]}
         if extra:
             broken = []
             for i, done in sorted(sh.accepted.items()):
@@ -387,16 +397,28 @@ async def _gen_verifier(ctx: RunContext, meter: Meter, sh: _Shared, idx: int, ta
                               evaluate=evaluate, executable=True)
 
 
-async def _check(ctx: RunContext, runtime: EnvRuntime, task: _Accepted) -> GateCheck:
-    """The conformance checker's verdict on one (verifiers, reference solution) set."""
+async def _check(ctx: RunContext, runtime: EnvRuntime, task: _Accepted, text: str | None = None) -> GateCheck:
+    """The conformance checker's verdict on one (verifiers, reference solution) set; with the
+    task's ``text``, the hack probes' on its code-mode verifier too."""
     tc = await check_solution(runtime, task.code, task.solution.calls, ctx.get_sandbox(), sql_verifier=task.sql,
                               final_answer=task.solution.final_answer)
-    return GateCheck(
+    check = GateCheck(
         solvable=tc.solution_result == "complete",
         discriminates=tc.evaluated and tc.noop_result is not None and tc.noop_result != "complete",
         evaluated=tc.evaluated, calls_failed=tc.calls_failed, sql_ok=tc.sql_usable is not False,
         reason="; ".join(tc.problems), calls=tc.calls,
     )
+    if text is not None and check.solvable and check.discriminates:
+        touched = await touched_by(runtime, task.solution.calls)
+        code = guard_code(task.code, touched or {}, sorted(await read_written_tables(runtime)))
+        report = await probe_task(runtime, ProbeTask(text=text, code_verifier=code, solution=task.solution.calls,
+                                                     final_answer=task.solution.final_answer),
+                                  Judge(JudgeConfig(use_llm="never"), sandbox=ctx.get_sandbox()))
+        if report.rejects:
+            check.hackable = True
+            check.reason = f"the verifier rewards a hack: {report.summary()}"
+        check.guarded_code = code
+    return check
 
 
 def _parse_solution(text: str) -> Solution:

@@ -24,6 +24,7 @@ class Book(Base):
     __tablename__ = "books"
     id = Column(Integer, primary_key=True)
     title = Column(String, nullable=False)
+    author = Column(String)
 
 
 class Loan(Base):
@@ -54,13 +55,14 @@ _LENDING = '''
 class BookOut(BaseModel):
     id: int = Field(..., description="Book id.")
     title: str = Field(..., description="Book title.")
+    author: str | None = Field(None, description="Who wrote it.")
 
 
 @app.get("/api/books", response_model=List[BookOut], operation_id="list_books", summary="List books",
          description="List every book on the shelf.")
 def list_books():
     s = SessionLocal()
-    rows = [BookOut(id=b.id, title=b.title) for b in s.query(Book).order_by(Book.id).all()]
+    rows = [BookOut(id=b.id, title=b.title, author=b.author) for b in s.query(Book).order_by(Book.id).all()]
     s.close()
     return rows
 
@@ -73,7 +75,7 @@ def get_book(book_id: int = Path(..., description="Id of the book.")):
     s.close()
     if b is None:
         raise HTTPException(status_code=404, detail="no such book")
-    return BookOut(id=b.id, title=b.title)
+    return BookOut(id=b.id, title=b.title, author=b.author)
 
 
 @app.post("/api/books/{book_id}/loans", operation_id="lend_book", summary="Lend a book",
@@ -139,13 +141,14 @@ def close_all_loans():
 '''
 
 SCHEMA = {"tables": [
-    {"name": "books", "ddl": "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL);", "indexes": []},
+    {"name": "books", "ddl": "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL, author TEXT);", "indexes": []},
     {"name": "loans", "ddl": "CREATE TABLE loans (id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL "
      "REFERENCES books(id), borrower_name TEXT NOT NULL, status TEXT NOT NULL);", "indexes": []},
 ]}
 SAMPLE = {"tables": [
     {"table_name": "books", "reasoning": "", "insert_statements": [
-        "INSERT INTO books (id, title) VALUES (1, 'Dune');", "INSERT INTO books (id, title) VALUES (2, 'Emma');"]},
+        "INSERT INTO books (id, title, author) VALUES (1, 'Dune', 'Frank Herbert');",
+        "INSERT INTO books (id, title, author) VALUES (2, 'Emma', 'Jane Austen');"]},
     {"table_name": "loans", "reasoning": "", "insert_statements": [
         "INSERT INTO loans (id, book_id, borrower_name, status) VALUES (1, 1, 'Ann', 'open');"]},
 ]}

@@ -1,5 +1,5 @@
-"""The solving gate: an agent given only the written request must pass the verifier through a farm,
-and a no-op with a plausible wrong answer must not."""
+"""The solving gate: an honest agent given only the written request must pass the verifier
+through a farm, and no hack probe may (a no-op with a plausible wrong answer among them)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,22 @@ import asyncio
 
 import pytest
 
-from envfarm.llm import LLMClient, LLMConfig
 from synth.factory.execute import DROP_IDLE_WRITE
 from synth.factory.gate import (
-    DROP_GUESSABLE,
+    DROP_HACKABLE,
     DROP_UNSOLVED,
     Candidate,
     code_judge,
     gate_batch,
 )
 from synth.factory.model import Binding, Chain, Step, task_text
-from synth.factory.queries import make_episodes
 from synth.factory.verifier import verifier_code, wrong_answers
-from tests.fakes.factory_agent import Plan, ScriptedWorld, scripted_solver
+from tests.fakes.factory_agent import ScriptedWorld, run_episodes, scripted_solver
 from tests.synth.factory_run import request
 
 
 def _run(runtime, columns, chains, mock, sandbox):
-    async def main():
-        solver = scripted_solver(mock)
-        try:
-            async with LLMClient(LLMConfig(base_url=mock.url, model="mock", max_retries=0)) as llm:
-                return await make_episodes(runtime, chains, columns, llm, sandbox, solver)
-        finally:
-            await solver.aclose()
-    return asyncio.run(main())
+    return run_episodes(runtime, chains, mock, sandbox, columns)
 
 
 def _verdict(sandbox, code, initial, final, answer):
@@ -48,27 +39,25 @@ def test_accepted_only_what_the_agent_solves_from_the_written_request(lending_ch
     assert {e.final_answer is None for e in accepted} == {True, False}  # changes and questions
     agent_tasks = {r.messages[1]["content"] for r in mock_openai.requests if r.stage == ""}
     for e in accepted:
-        assert task_text(e) in world.plans and task_text(e) in agent_tasks  # the agent saw the written text
+        assert task_text(e) in world.requests and task_text(e) in agent_tasks  # the agent saw the written text
     initial = runtime.template.data
-    for e in (e for e in accepted if e.final_answer is not None):  # "The title is Dune." and the like
-        other = "Emma" if "Dune" in e.final_answer else "Dune"
-        assert _verdict(sandbox, e.verifier_code, initial, initial, f"The title is {other}.") == "others"
+    for e in (e for e in accepted if e.final_answer is not None):  # "The author is Frank Herbert." and the like
+        other = "Jane Austen" if "Herbert" in e.final_answer else "Frank Herbert"
+        assert _verdict(sandbox, e.verifier_code, initial, initial, f"The author is {other}.") == "others"
         assert _verdict(sandbox, e.verifier_code, initial, initial, e.final_answer) == "complete"
+        both = f"{e.final_answer} Or maybe {other}."  # a dump of candidates is no answer
+        assert _verdict(sandbox, e.verifier_code, initial, initial, both) == "others"
 
 
 def test_a_request_that_asks_for_something_else_is_unsolved(lending_chains, mock_openai, sandbox) -> None:
     """The replay of the chain passes (the old gate accepted these); the agent doing what the
     request says does not."""
     runtime, columns, chains = lending_chains
-
-    def misread(plan: Plan) -> Plan:  # the text names another borrower / book than the chain used
-        calls = [(tool, {k: ("Zoe" if k == "borrower_name" else v) for k, v in args.items()})
-                 for tool, args in plan.calls]
-        return Plan(calls, "The title is Emma." if "title" in plan.answer else plan.answer)
-
-    ScriptedWorld(misread=misread).install(mock_openai)
+    # the text names another borrower than the chain used
+    ScriptedWorld(misread=lambda text: text.replace("'Ann'", "'Zoe'")).install(mock_openai)
     eps = _run(runtime, columns, chains, mock_openai, sandbox)
-    lends = [e for e in eps if any(c.tool == "lend_book" for c in e.calls) and e.messages]
+    lends = [e for e in eps if any(c.tool == "lend_book" for c in e.calls) and e.messages
+             and e.reason != "ambiguous"]
     assert lends and all(e.reason == DROP_UNSOLVED and not e.accepted for e in lends), \
         [(e.reason, e.detail) for e in lends]
     assert "the agent following the request" in lends[0].detail
@@ -78,15 +67,13 @@ def test_an_unknown_request_is_not_accepted(lending_chains, mock_openai, sandbox
     """What an emptied QueryGen prompt gives: a request no agent can act on."""
     runtime, columns, chains = lending_chains
     world = ScriptedWorld()
-    world.install(mock_openai)
-    world.plans.clear()
     world.querygen = request("Please help me with my account.")  # well-formed, says nothing
     mock_openai.clear()
     world.install(mock_openai)
     eps = _run(runtime, columns, chains[:4], mock_openai, sandbox)
     assert not any(e.accepted for e in eps)
     written = [e for e in eps if e.messages]
-    assert written and {e.reason for e in written} <= {DROP_UNSOLVED, DROP_GUESSABLE}
+    assert written and {e.reason for e in written} <= {DROP_UNSOLVED, DROP_HACKABLE, "ambiguous"}
 
 
 def test_a_verifier_a_guess_passes_is_dropped(lending_chains, mock_openai, sandbox) -> None:
@@ -99,7 +86,7 @@ def test_a_verifier_a_guess_passes_is_dropped(lending_chains, mock_openai, sandb
 
     async def main():
         candidates = [Candidate("How many loans are open?", lax, ["The count is 10."]),
-                      Candidate("How many loans are open?", verifier_code({"tables": {}, "answer": 0}),
+                      Candidate("How many loans are open?", verifier_code({"tables": {}, "answer": 7}),
                                 ["The count is 10."])]
         solver = scripted_solver(mock_openai)
         try:
@@ -108,8 +95,8 @@ def test_a_verifier_a_guess_passes_is_dropped(lending_chains, mock_openai, sandb
             await solver.aclose()
 
     lax_result, strict_result = asyncio.run(main())
-    assert (lax_result.accepted, lax_result.reason) == (False, DROP_GUESSABLE)
-    assert "'The count is 10.'" in lax_result.detail
+    assert (lax_result.accepted, lax_result.reason) == (False, DROP_HACKABLE)
+    assert "guess" in lax_result.detail  # "0", and the candidate's own "The count is 10."
     assert strict_result.reason == DROP_UNSOLVED  # not guessable; the agent did not know it either
 
 

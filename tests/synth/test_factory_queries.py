@@ -58,7 +58,7 @@ def test_lending_chains_become_gated_episodes(lending_chains, mock_openai, sandb
     reads = [e for e in accepted if e.final_answer is not None]
     assert writes and reads
     for e in accepted:
-        assert task_text(e) in world.plans and all(c.ok for c in e.calls)
+        assert task_text(e) in world.requests and all(c.ok for c in e.calls)
         assert len(e.messages) == len(e.turn_calls) and sum(e.turn_calls) == len(e.calls)
         assert e.usage["prompt_tokens"] > 0
     initial = runtime.template.data
@@ -94,7 +94,7 @@ def test_malformed_answer_is_retried_then_counted(lending_chains, mock_openai, s
 def test_answers_naming_a_tool_or_a_raw_id_are_rejected(lending_chains, mock_openai, sandbox) -> None:
     runtime, columns, chains = lending_chains
     lend = next(c for c in chains if c.steps[-1].tool == "return_loan")
-    mock_openai.script(request("Please run return_loan on my loan."), request("Please return loan #2 for me."),
+    mock_openai.script(request("Please run return_loan on my loan."), request("Please close out my loan #2."),
                        stage="queries")
     script_refine(mock_openai)
     named, numbered = asyncio.run(_episodes(runtime, columns, [lend, lend], mock_openai, sandbox))

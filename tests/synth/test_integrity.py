@@ -45,6 +45,19 @@ def verify_task_completion(initial_db_path: str, final_db_path: str, final_answe
     conn.close()
     return {"result": "complete" if final_answer and str(minutes) in final_answer else "others"}
 '''
+# The same, exact: the minutes stated, and no other recipe's (an answer listing them all fails).
+READ_ONLY_EXACT = READ_ONLY_CODE.replace(
+    '''    minutes = conn.execute("SELECT minutes FROM recipes WHERE title = 'Green Curry'").fetchone()[0]
+    conn.close()
+    return {"result": "complete" if final_answer and str(minutes) in final_answer else "others"}''',
+    '''    import re
+
+    minutes = conn.execute("SELECT minutes FROM recipes WHERE title = 'Green Curry'").fetchone()[0]
+    others = {m for (m,) in conn.execute("SELECT minutes FROM recipes") if m != minutes}
+    conn.close()
+    said = {int(n) for n in re.findall(r"\\b\\d+\\b", final_answer or "")}
+    return {"result": "complete" if minutes in said and not said & others else "others"}''')
+assert READ_ONLY_EXACT != READ_ONLY_CODE
 READ_ONLY_SQL = '''\
 def verify_task(initial_db_path: str, final_db_path: str) -> dict:
     import sqlite3
@@ -219,6 +232,8 @@ def test_gate_regenerates_an_sql_verifier_the_judge_cannot_use(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_gate_accepts_a_read_only_task_on_its_final_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first verifier passes an answer that merely contains 40: the hack probes' dump of
+    every read value does, so the gate sends it back (issue 32); the exact one is accepted."""
     tasks = [*recipes.TASKS[:2], READ_ONLY_TASK]
     monkeypatch.setattr(recipes, "TASKS", tasks)
     monkeypatch.setattr(recipes, "VERIFIERS", {**recipes.VERIFIERS, 2: {"sql": READ_ONLY_SQL, "code": READ_ONLY_CODE}})
@@ -227,11 +242,17 @@ def test_gate_accepts_a_read_only_task_on_its_final_answer(tmp_path: Path, monke
         mock.script(_j({"solution": [{"tool": "list_recipes", "arguments": {"query": "Green Curry"}}],
                         "final_answer": "Green Curry takes 40 minutes."}),
                     stage="gate", scenario="recipes_1", repeat=True, match=lambda r: f"Task: {READ_ONLY_TASK}" in r.prompt)
+        mock.script(_verifier_answer(READ_ONLY_SQL, READ_ONLY_CODE), _verifier_answer(READ_ONLY_SQL, READ_ONLY_EXACT),
+                    stage="verifier", scenario="recipes_1", repeat=True, match=lambda r: READ_ONLY_TASK in r.prompt)
         script_pipeline(mock, broken=False)
         result = _run(mock, out)
         assert result.exit_code == 0, result.output
     gate = _report(out)[("gate", "recipes_1", 2)]
-    assert gate["ok"] and gate["attempts"] == 1 and gate["details"]["final_answer"], gate
+    assert gate["ok"] and gate["attempts"] == 2 and gate["details"]["final_answer"], gate
+    assert "rewards a hack" in gate["errors"][0] and "dump" in gate["errors"][0]
+    code = {r["task_idx"]: r["verification"]["code"] for r in read_jsonl(out / "gen_verifier.pure_code.jsonl")}
+    assert "_verify_unguarded" in code[2] and READ_ONLY_EXACT.strip() in code[2].replace(
+        "def _verify_unguarded(", "def verify_task_completion(")  # guarded: the exact check, wrapped
     sols = {r["task_idx"]: r for r in read_jsonl(out / "gen_solutions.jsonl")}
     assert sols[2]["final_answer"] == "Green Curry takes 40 minutes." and sols[0]["final_answer"] is None
 

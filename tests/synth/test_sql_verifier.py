@@ -37,11 +37,31 @@ def test_facts_report_each_check_after_the_reference_and_after_a_no_op(lending_c
 
 def test_a_read_only_answer_is_handed_to_the_judge(sandbox, lending_chains) -> None:
     runtime = lending_chains[0]
-    code = sql_verifier_code({"tables": {}, "answer": "Dune"})
+    code = sql_verifier_code({"tables": {}, "answer": "Dune", "others": ["Emma"]})
     data = runtime.template.data
     facts = asyncio.run(sandbox.run(code, data, data, mode="sql")).result
-    assert facts == {"checks": [], "passed": 0, "failed": 0, "expected_answer": "Dune"}
+    assert facts == {"checks": [], "passed": 0, "failed": 0, "expected_answer": "Dune",
+                     "other_candidates": ["Emma"]}
     assert "expected_answer" in CRITERIA["success_criteria"]
+
+
+def test_a_collateral_change_is_a_failed_fact(sandbox, lending_chains) -> None:
+    """The reference's changes, plus a row of another table changed: that row is a failed check."""
+    import sqlite3
+
+    runtime = lending_chains[0]
+    initial = runtime.template.data
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(initial)
+    conn.execute("UPDATE books SET title = 'Gone' WHERE rowid = (SELECT min(rowid) FROM books)")
+    conn.commit()
+    changed = conn.serialize()
+    conn.close()
+    code = sql_verifier_code({"tables": {}})
+    clean = asyncio.run(sandbox.run(code, initial, initial, mode="sql")).result
+    dirty = asyncio.run(sandbox.run(code, initial, changed, mode="sql")).result
+    assert clean == {"checks": [], "passed": 0, "failed": 0}
+    assert dirty["failed"] == 1 and "every other books row as it was" in dirty["checks"][0]["check"]
 
 
 def test_export_writes_the_sql_verifier_the_loader_reads(tmp_path, lending_chains, sandbox) -> None:

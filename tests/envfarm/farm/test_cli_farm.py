@@ -67,6 +67,12 @@ def test_serve_writes_a_serve_config(cli, tmp_path):
     *pools, front = yaml.safe_load(out.read_text())["applications"]
     assert front["args"]["access_log"] is True
     assert all(p["args"]["deployment"]["access_log"] is True for p in pools)
+    result = runner.invoke(cli, ["serve", "--write-config", str(out), "--quarantine-share", "0.3",
+                                 "--quarantine-window", "120"])
+    assert result.exit_code == 0, result.output
+    *pools, _ = yaml.safe_load(out.read_text())["applications"]
+    assert all(p["args"]["farm"]["quarantine"] == {"window_s": 120.0, "max_env_error_share": 0.3,
+                                                   "max_invalid_share": 0.3} for p in pools)
 
 
 @pytest.mark.parametrize("flags", [["--pack", "2"], ["--replicas", "3"], ["--num-cpus", "2"],

@@ -107,3 +107,28 @@ def test_status_page_shows_the_farm_and_follows_a_burst_of_calls(browser, bundle
                 lease.release()
         wait_for("the released leases", lambda: all(
             cells(browser, e)["leased"] == "0" for e in BUNDLED))
+
+
+def test_status_page_lists_quarantined_tasks_until_lifted(browser, bundled_catalog, tmp_path):
+    """A task flagged at load (gen_probes.jsonl beside the catalog) shows on the page with why,
+    and leaves it once lifted."""
+    import json
+    import shutil as sh
+
+    from envfarm.catalog import BUNDLED_CATALOG, verifier_sha256
+
+    env = BUNDLED[0]
+    sh.copytree(BUNDLED_CATALOG / env, tmp_path / env)
+    (tmp_path / "gen_probes.jsonl").write_text(json.dumps({
+        "scenario": env, "task_idx": 4, "path": "code", "hacked": ["echo"], "undecided": [],
+        "summary": "code path: echo", "verifier_sha256": verifier_sha256(bundled_catalog[env], 4)}) + "\n")
+    with LocalFarm(FarmConfig(catalog=str(tmp_path), envs=[env], pool=PoolConfig(warm=1))) as farm:
+        browser.get(farm.url + "/status")
+        row = f"tr[data-quarantine='{env}:4']"
+        wait_for("the flagged task", lambda: browser.find_elements("css selector", row))
+        text = browser.find_element("css selector", row).text
+        assert "flagged" in text and "echo" in text
+        with SyncFarm(farm.url) as sdk:
+            assert [q.task_idx for q in sdk.lift_quarantine(env, 4)] == [4]
+        wait_for("the lifted task gone", lambda: not browser.find_elements("css selector", row))
+        assert "(none)" in browser.find_element("id", "quarantine-count").text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from envfarm.catalog import Catalog
@@ -41,3 +42,11 @@ def hostile_farm(secret_env):
                       call_timeout_s=2.0, leases_per_worker=4, check_module_state=False)
     yield farm
     farm.stop()
+
+
+@pytest.fixture
+async def http(farm):
+    """An async client of the module's ``farm`` (each module that uses it defines ``farm``)."""
+    async with httpx.AsyncClient(base_url=farm.url, timeout=120,
+                                 limits=httpx.Limits(max_connections=500)) as client:
+        yield client

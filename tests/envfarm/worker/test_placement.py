@@ -45,21 +45,25 @@ async def test_concurrent_leases_never_overbook_a_worker(bundle):
         await env.aclose()
 
 
-async def test_a_killed_worker_fails_its_pending_calls_and_is_replaced(bundle):
-    from envfarm.worker import WorkerLost
-
+async def test_leases_of_a_killed_worker_continue_on_a_new_one_with_their_state(bundle):
+    """Issue 34 §5: a worker killed with no call in flight loses no lease: each continues on a
+    fresh worker from its last completed call."""
     env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=2, probe_module_state=False), warm=1)
     try:
         a = await env.acquire()
         b = await env.acquire()
         assert a.worker is b.worker
-        a.worker.kill("test: killed from outside")
-        for inst in (a, b):
-            with pytest.raises(WorkerLost, match="killed from outside"):
-                await inst.call("list_notes", {})
-            assert inst.lost is not None
+        for name, inst in (("a", a), ("b", b)):
+            assert (await inst.call("create_note", {"title": f"note-{name}"})).ok
+        dead = a.worker
+        dead.kill("test: killed from outside")
+        for name, inst in (("a", a), ("b", b)):
+            res = await inst.call("list_notes", {})
+            assert res.ok and inst.lost is None
+            assert [n["title"] for n in res.result][-1] == f"note-{name}"
+            assert len(res.result) == 3 and inst.worker is not dead
         c = await env.acquire()
-        assert c.worker is not a.worker and (await c.call("list_notes", {})).ok
+        assert c.worker is not dead and (await c.call("list_notes", {})).ok
     finally:
         await env.aclose()
 
@@ -82,15 +86,16 @@ async def test_an_answer_to_a_cancelled_call_is_not_taken_for_a_forgery(bundle):
 
 
 async def test_an_answer_to_a_request_never_sent_kills_the_worker(bundle):
-    from envfarm.worker import WorkerLost, _frames
+    from envfarm.worker import _frames
 
     env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False), warm=1)
     try:
         inst = await env.acquire()
-        inst.worker._on_reply({"id": 10_000, "ok": True}, b"")  # as if the worker forged one
-        assert inst.lost and "never sent" in inst.lost
-        with pytest.raises(WorkerLost):
-            await inst.call("list_notes", {})
+        worker = inst.worker
+        worker.received(_frames.encode({"id": 10_000, "ok": True}))  # as if it forged one
+        assert worker.lost and "never sent" in worker.lost
+        assert (await inst.call("list_notes", {})).ok  # no call was in flight: it moved on
+        assert inst.worker is not worker
         assert _frames.MAX_FRAME >= 1 << 20
     finally:
         await env.aclose()
@@ -204,3 +209,24 @@ def test_a_killed_workers_pipes_are_closed_once(tmp_path):
     closes = trace.read_text().splitlines()
     assert sum("close(" in line for line in closes) > 20  # it did see the closes
     assert [line for line in closes if "EBADF" in line] == []
+
+
+async def test_leases_state_past_the_workers_byte_budget_loses_the_lease_that_crossed_it(bundle):
+    """Issue 34 §4: the front keeps what the worker's leases wrote, within a per-worker budget;
+    the call whose pages cross it loses its lease (typed), the others carry on elsewhere."""
+    from tests.envfarm.worker.conftest import catalog
+    from tests.envfarm.worker.tenancy_env import CODE
+    from envfarm.worker import WorkerLost
+
+    env = WorkerEnv(catalog(t=CODE)["t"], WorkerOptions(
+        probe_module_state=False, kept_bytes_per_worker=1 << 20), warm=1)
+    try:
+        greedy, other = await env.acquire(), await env.acquire()
+        assert (await other.call("bloat", {"kib": 256})).ok  # within the budget
+        with pytest.raises(WorkerLost, match="byte budget"):
+            await greedy.call("bloat", {"kib": 2048})
+        assert greedy.lost and other.lost is None
+        res = await other.call("list_notes", {})
+        assert res.ok and len(res.result[-1]["title"]) == 256 << 10  # its state, moved
+    finally:
+        await env.aclose()
