@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 SPLITS = ("train", "heldout_values", "heldout_chains")
-_VERSION = "3"  # 2: numbered steps in the requests; 3: the hack probes, exact verifiers  # bump when the build changes in a way the config cannot show
+_VERSION = "4"  # 2: numbered steps; 3: the hack probes, exact verifiers; 4: arguments as JSON  # bump when the build changes in a way the config cannot show
 
 
 class SuiteConfig(BaseModel):

@@ -2,11 +2,11 @@
 
 QueryGen (``synth.factory.querygen``) has an LLM write what a user would type: implicit intent, no
 tool names, no internal ids. Without an LLM, this writer states the chain explicitly, one numbered
-step per call: the tool's own one-line summary from the env's API spec, then every argument the
-call was given, by parameter name, in call order (a summary that spells a tool's name, "List transfers"
+step per call: the tool's own one-line summary from the env's API spec, then the arguments the call
+was given, as the JSON object the call takes (a summary that spells a tool's name, "List transfers"
 for ``list_transfers``, gets another verb: "Show transfers")::
 
-    Step 1: Temporarily lock a card: card_id 3. Step 2: Transfer money: from_account_id 1, to_account_id 2, amount 50.0.
+    Step 1: Temporarily lock a card with {"card_id": 3}. Step 2: Transfer money with {"from_account_id": 1, "to_account_id": 2, "amount": 50.0}.
 
 An agent can do what it says without guessing (every value it needs is in the text, ids included:
 this writer is explicit by design), and cannot learn it by heart (the values change from draw to
@@ -42,11 +42,13 @@ def value_text(value: Any) -> str:
 
 
 def step_sentence(summary: str, arguments: dict[str, Any]) -> str:
-    """One call as a sentence: ``Summary: name value, name value.`` (``Summary.`` without arguments)."""
+    """One call as a sentence: ``Summary with {"name": value, ...}.`` (``Summary.`` without
+    arguments): the arguments as the JSON object the call takes, so following the request is
+    copying it, not rewriting it."""
     head = summary.strip().rstrip(".") or "Do the next step"
     if not arguments:
         return f"{head}."
-    return f"{head}: " + ", ".join(f"{k} {value_text(v)}" for k, v in arguments.items()) + "."
+    return f"{head} with {value_text(arguments)}."
 
 
 def first_line(text: str) -> str:

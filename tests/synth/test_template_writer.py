@@ -4,6 +4,7 @@ tool name, the same text for the same chain and values, and QueryGen's place in 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from synth.factory.execute import execute_drawing
 from synth.factory.queries import make_candidate
@@ -13,7 +14,7 @@ from synth.factory.template_writer import WRITER, TemplateWriter, step_sentence
 
 def test_a_step_is_its_summary_then_every_argument_as_json() -> None:
     assert step_sentence("Lend a book.", {"book_id": 3, "borrower_name": "Ada"}) == \
-        'Lend a book: book_id 3, borrower_name "Ada".'
+        'Lend a book with {"book_id": 3, "borrower_name": "Ada"}.'
     assert step_sentence("List books", {}) == "List books."
 
 
@@ -35,7 +36,7 @@ def test_requests_state_each_call_and_never_a_tool_name(lending_chains) -> None:
         assert text == writer.message(ex)  # deterministic: the same chain and values, the same text
         for k, call in enumerate(ex.calls, 1):
             assert f"Step {k}: {writer.summaries[call.tool].rstrip('.')}" in text
-            assert all(f"{k} " in text and str(v).strip('"') in text for k, v in call.arguments.items())
+            assert json.dumps(call.arguments) in text if call.arguments else True
         assert not any(f" {tool}" in f" {text}" for tool in tools)
 
 
