@@ -85,21 +85,29 @@ def learn(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
           out_dir: Annotated[Path | None, typer.Option("--out-dir",
                                                        help="Override out_dir.")] = None,
           ) -> None:
-    """SFT on the train tasks' reference episodes, then pure GRPO; the model's own success
-    on train and held-out tasks before SFT, after SFT and after GRPO."""
-    from trainer.learn import LearnConfig, run
+    """SFT to partial competence, then pure GRPO, on a task suite built from the bundled envs;
+    the model's own success (greedy and sampled) on train and held-out tasks at each stage."""
+    from trainer.learn import LearnConfig, prepare, run
 
     cfg = LearnConfig.from_yaml(config, seed=seed, out_dir=str(out_dir) if out_dir else None)
-    with farm_url(farm, None, cfg.envs, warm=16) as url:
-        report = run(cfg, url, log=console.print)
-    table = Table("stage", "train success", "held-out success", "train format errors",
-                  "held-out format errors")
-    for stage, ev in report["evals"].items():
-        table.add_row(stage, *(f"{ev[k]['success_rate'] or 0:.1%}" for k in ("train", "heldout")),
-                      *(f"{ev[k]['format_error_rate'] or 0:.1%}" for k in ("train", "heldout")))
+    suite = prepare(cfg, log=console.print)
+    with farm_url(farm, str(suite.catalog), suite.envs, warm=16) as url:
+        report = run(cfg, url, suite, log=console.print)
+    table = Table("stage", "mode", *(f"{split} success" for split in ("train", "heldout_values",
+                                                                      "heldout_chains")),
+                  "train format errors")
+    for stage, modes in report["evals"].items():
+        for mode, ev in modes.items():
+            table.add_row(stage, mode, *(_rate(ev.get(k, {}).get("success_rate"))
+                                         for k in ("train", "heldout_values", "heldout_chains")),
+                          _rate(ev["train"]["format_error_rate"]))
     console.print(table)
-    console.print(f"{report['seconds']['total']:.0f} s; report: {Path(cfg.out_dir) / 'learn.json'}"
-                  f"  plot: {Path(cfg.out_dir) / 'learn.png'}")
+    console.print(f"{report['seconds']['total']:.0f} s wall, {report['cpu_seconds']['total']:.0f} s CPU; "
+                  f"report: {Path(cfg.out_dir) / 'learn.json'}  plot: {Path(cfg.out_dir) / 'learn.png'}")
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def rollout(

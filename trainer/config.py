@@ -27,6 +27,8 @@ class TrainConfig(BaseModel):
     envs: list[str] | None = Field(default=None, description="envs to train on; None: all")
     tasks: list[int] | None = Field(default=None, description="task indices; None: every "
                                     "task with a verifier")
+    jobs: list[tuple[str, int]] | None = Field(default=None, description="(env, task index) to "
+                                               "train on, instead of envs x tasks")
     # GRPO
     steps: int = Field(default=3, ge=1, description="train until this many steps are done")
     batch_size: int = Field(default=2, ge=1, description="tasks (groups) per step")
@@ -72,6 +74,11 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
+    batched: bool = Field(default=False, description="generate every live episode's turn in one "
+                          "batch, in lockstep (trainer.batched: local model; deterministic)")
+    max_batch: int = Field(default=64, ge=1, description="batched: rows per forward pass")
+    system: str = Field(default="full", pattern="^(full|brief)$", description="the system prompt: full (Qwen3's tool "
+                        "listing of the meta-tools) or brief (one sentence: tiny CPU models)")
     # rewards
     reward_path: str = Field(default="code", pattern="^(code|llm)$",
                              description="code: the farm's verify (code-mode verifier decides); "

@@ -46,6 +46,19 @@ SYSTEM_INSTRUCTIONS = (
     "call, or, when the task is done, give your final answer without a tool call.")
 
 
+#: The system prompt of tiny CPU models (``system: brief``): the format in one sentence; the
+#: model learns the rest from its SFT episodes (prompt length is what a CPU pays for).
+BRIEF_SYSTEM = ("Complete the task with the tools: first call list_tools, then call_tool once per "
+                "step, each turn <think>...</think> then <tool_call>, and answer without a call.")
+
+
+def system_text(kind: str) -> str:
+    """The system prompt named by a config: ``full`` or ``brief``."""
+    if kind not in ("full", "brief"):
+        raise ValueError(f"system prompt {kind!r}: full or brief")
+    return BRIEF_SYSTEM if kind == "brief" else system_prompt()
+
+
 def system_prompt(instructions: str = SYSTEM_INSTRUCTIONS) -> str:
     """The system message: instructions plus the meta-tools, the way Qwen3 lists tools."""
     tools = "\n".join(json.dumps(t) for t in META_TOOLS)

@@ -1,27 +1,33 @@
-"""Does training against the farm make an agent better? SFT, then pure GRPO, evaluated before,
-between and after on training tasks and on held-out tasks.
+"""Does training against the farm make an agent better? SFT to partial competence, then pure GRPO
+on the farm's rewards, with the model's own success measured on train and held-out tasks.
 
     envfarm learn --config trainer/configs/learn_cpu.yaml [--seed 1] [--out-dir DIR]
 
-1. A random-init Qwen3 (the tiny model's locally trained tokenizer, the config's dimensions).
-2. Evaluation: the model's own greedy episodes on every train and held-out task, through the
-   agent loop against the farm (what ``envfarm rollout --hf-model`` runs).
-3. SFT: the reference solutions of the *train* tasks played through the same agent loop
-   (tool results, windows and tool listing exactly as at rollout), one sample per assistant
-   turn on its windowed prompt, loss on that turn's tokens only. Held-out tasks are never seen.
-4. Evaluation again; then GRPO with ``guide_fraction: 0`` (the model's own rollouts only) on
-   the train tasks, starting from the SFT model (also the KL reference); evaluation again.
+1. The task suite (``trainer.suite``): EnvFactory tasks on the bundled envs, requests from the
+   TEMPLATE writer (``synth.factory.template_writer``), split train / held-out by unseen values
+   and unseen chains; built once and cached. The farm serves its catalog.
+2. A random-init Qwen3; its tokenizer is learned from the catalog and the train tasks only.
+3. SFT on the reference episodes of (a share of) the train tasks, one sample per turn on the
+   rollout's windowed prompt. After each epoch the model's own *sampled* success on a fixed probe
+   of train tasks is measured; SFT stops once it reaches ``sft.stop_at`` (partial competence:
+   GRPO groups then hold different rewards), or after ``sft.epochs``.
+4. Evaluation: the model's own episodes, greedy and sampled at T = 1, on the held-out tasks (all)
+   and the train tasks (all, or a fixed random subset: ``eval.train_tasks``).
+5. GRPO with ``guide_fraction: 0`` on the train tasks, from the farm's rewards (code path, or the
+   LLM judge with ``grpo.reward_path: llm``); held-out greedy success every ``eval.every`` steps.
+6. Evaluation again. ``out_dir`` gets ``learn.json`` (every evaluation, the SFT and GRPO curves,
+   CPU and wall seconds, load), ``learn.png`` and the GRPO run's own metrics.
 
-``out_dir`` gets ``learn.json`` (every evaluation, per split, the GRPO curve and the timings),
-``learn.png``, the models and the GRPO run's own metrics.
+Deterministic under ``seed`` (model init, SFT order, every sampled token: ``trainer.batched``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -30,14 +36,55 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.config import TrainConfig
+from trainer.suite import Suite, SuiteConfig
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dims: dict[str, Any] = Field(default_factory=dict, description="Qwen3Config overrides of the "
+                                 "tiny model's shape (trainer/tiny_model.py)")
+    vocab_size: int = Field(default=2048, ge=300)
+    split_digits: bool = Field(default=True, description="every digit one token")
+    identifiers: bool = Field(default=True, description="a snake_case name is one word to BPE "
+                              "(a tool name one token)")
+
+
+class EpisodeSettings(BaseModel):
+    """The agent loop, the same in SFT, evaluation and GRPO."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: str = Field(default="brief", pattern="^(full|brief)$")
+    tool_listing: str = Field(default="names", pattern="^(full|compact|names)$")
+    window: int = 3
+    max_turns: int = Field(default=8, ge=2)
+    max_tool_chars: int = Field(default=120, ge=100)
+    max_new_tokens: int = Field(default=96, ge=1)
+    brief_reasoning: bool = Field(default=True, description="reference turns reason in two words")
 
 
 class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    epochs: int = Field(default=8, ge=0)
-    lr: float = Field(default=3e-3, gt=0)
-    batch: int = Field(default=8, ge=1, description="samples per optimizer step")
+    epochs: int = Field(default=8, ge=0, description="at most")
+    lr: float = Field(default=2e-3, gt=0)
+    cosine: bool = Field(default=False, description="decay the rate to 0 over `epochs` (else constant)")
+    batch: int = Field(default=32, ge=1, description="samples per optimizer step")
+    micro_batch: int = Field(default=16, ge=1, description="rows per forward pass")
+    share: float = Field(default=1.0, gt=0, le=1, description="share of the train tasks SFT sees")
+    stop_at: float | None = Field(default=None, ge=0, le=1, description="stop once the sampled "
+                                  "success on the probe tasks reaches this")
+    probe_tasks: int = Field(default=64, ge=1, description="train tasks of that probe")
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train_tasks: int | None = Field(default=None, ge=1, description="a fixed random subset of the "
+                                    "train tasks (None: all); held-out tasks are always all")
+    sampled: bool = Field(default=True, description="also evaluate sampled at T = 1")
+    every: int = Field(default=0, ge=0, description="held-out greedy evaluation every N GRPO steps")
 
 
 class LearnConfig(BaseModel):
@@ -45,25 +92,34 @@ class LearnConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    out_dir: str = "runs/learn_cpu"
+    out_dir: str = "runs/learn"
     seed: int = 0
-    threads: int = Field(default=1, ge=1)
-    envs: list[str] | None = None
-    train_tasks: list[int] = Field(description="task indices trained on (every env)")
-    heldout_tasks: list[int] = Field(description="task indices never trained on")
-    dims: dict[str, Any] = Field(default_factory=dict, description="Qwen3Config overrides of "
-                                 "the tiny model's shape")
+    threads: int = Field(default=2, ge=1)
+    suite: SuiteConfig = Field(default_factory=SuiteConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    episode: EpisodeSettings = Field(default_factory=EpisodeSettings)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    grpo: dict[str, Any] = Field(default_factory=dict, description="TrainConfig settings for "
-                                 "the GRPO phase (guide_fraction is forced to 0)")
-    eval_max_new_tokens: int = 96
-    eval_temperature: float = 0.0
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    grpo: dict[str, Any] = Field(default_factory=dict, description="TrainConfig settings of the "
+                                 "GRPO phase (guide_fraction is forced to 0)")
 
-    def train_config(self, model: Path, envs: list[str]) -> TrainConfig:
-        settings = {**self.grpo, "model": str(model), "guide_fraction": 0.0, "seed": self.seed,
-                    "threads": self.threads, "envs": envs, "tasks": self.train_tasks,
+    def train_config(self, model: Path, suite: Suite) -> TrainConfig:
+        e = self.episode
+        settings = {"max_new_tokens": e.max_new_tokens, "batched": True, "concurrency": 4096,
+                    **self.grpo, "model": str(model), "guide_fraction": 0.0, "seed": self.seed,
+                    "threads": self.threads, "catalog": str(suite.catalog), "jobs": suite.jobs("train"),
+                    "window": e.window, "max_turns": e.max_turns, "max_tool_chars": e.max_tool_chars,
+                    "tool_listing": e.tool_listing, "system": e.system,
                     "out_dir": str(Path(self.out_dir) / "grpo")}
         return TrainConfig.model_validate(settings)
+
+    def episode_config(self) -> Any:
+        from trainer.episode import EpisodeConfig
+        from trainer.format import system_text
+
+        e = self.episode
+        return EpisodeConfig(max_turns=e.max_turns, window=e.window, tool_listing=e.tool_listing,
+                             max_tool_chars=e.max_tool_chars, system=system_text(e.system))
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> LearnConfig:
@@ -72,194 +128,187 @@ class LearnConfig(BaseModel):
         return cls.model_validate(data)
 
 
-def random_model(out: Path, dims: dict[str, Any], seed: int) -> Path:
-    """A random-init Qwen3 with the tiny model's tokenizer and the given shape, saved in HF
-    format."""
-    import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+def prepare(cfg: LearnConfig, log: Any = print) -> Suite:
+    """The task suite (built on first use, then cached): its catalog is what the farm serves."""
+    from trainer.suite import build_suite
 
-    from trainer.tiny_model import TINY_CONFIG, tiny_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
-    config = Qwen3Config(vocab_size=len(tokenizer), bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **{**TINY_CONFIG, **dims})
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.pad_token_id
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return build_suite(cfg.suite, log=log)
 
 
-async def evaluate(farm_url: str, model_path: Path, jobs: list[tuple[str, int]],
-                   episode_cfg: Any, max_new_tokens: int, temperature: float,
-                   out: Path | None = None) -> dict[str, Any]:
-    """The model's own episodes on ``jobs``: success rate, mean reward, format-error rate."""
-    from envfarm.client import Farm
-    from trainer.hf import HFPolicy
-    from trainer.rollout import run_rollouts, scores
+class _Clock:
+    """Wall and CPU seconds (this process and its children) per stage, and the load."""
 
-    policy = HFPolicy.from_path(model_path, max_new_tokens=max_new_tokens,
-                                temperature=temperature)
-    async with Farm(farm_url) as farm:
-        results = await run_rollouts(farm, policy, jobs, concurrency=4, config=episode_cfg,
-                                     out=out)
-    s = scores(results)["overall"]
-    return {"episodes": s.episodes, "valid": s.valid, "successes": s.successes,
-            "success_rate": s.success_rate, "reward_mean": s.reward_mean,
-            "format_error_rate": s.format_errors / s.episodes if s.episodes else None}
+    def __init__(self) -> None:
+        self.start, self.cpu0 = time.perf_counter(), _cpu()
+        self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.load = {"start": os.getloadavg()}
 
+    def stage(self, name: str, wall0: float, cpu0: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - wall0
+        self.cpu[name] = self.cpu.get(name, 0.0) + _cpu() - cpu0
 
-async def sft_samples(farm_url: str, catalog: Any, jobs: list[tuple[str, int]],
-                      episode_cfg: Any, tokenizer: Any) -> list[Any]:
-    """The train tasks' reference solutions through the agent loop: one sample per turn."""
-    from envfarm.client import Farm
-    from trainer.policy import ScriptedPolicy
-    from trainer.rollout import run_rollouts
-    from trainer.train import turn_sample
-
-    whole = dataclasses.replace(episode_cfg, max_turns=64)  # a reference is never cut short
-    async with Farm(farm_url) as farm:
-        results = await run_rollouts(farm, ScriptedPolicy.from_catalog(catalog), jobs,
-                                     concurrency=8, config=whole)
-    failed = [(r.env, r.task_idx, r.reason) for r in results if not r.success]
-    if failed:
-        raise RuntimeError(f"reference solutions that do not solve their task: {failed}")
-    return [turn_sample(tokenizer, rec, 1.0) for r in results for rec in r.turns]
+    def report(self) -> dict[str, Any]:
+        self.load["end"] = os.getloadavg()
+        return {"seconds": {**self.seconds, "total": time.perf_counter() - self.start},
+                "cpu_seconds": {**self.cpu, "total": _cpu() - self.cpu0}, "load": self.load}
 
 
-def sft(model: Any, samples: list[Any], pad_id: int, cfg: SFTConfig, seed: int,
-        logit_chunk: int = 1024) -> list[float]:
-    """Supervised steps on the samples' completion tokens; the mean loss of each epoch."""
-    import torch
+def _cpu() -> float:
+    """CPU seconds of this process and every child it has (the farm's env workers)."""
+    import psutil
 
-    from trainer.grpo import completion_logprobs
-
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    rng = random.Random(seed)
-    order = list(range(len(samples)))
-    losses = []
-    model.train()
-    for _ in range(cfg.epochs):
-        rng.shuffle(order)
-        total, tokens = 0.0, 0
-        for i in range(0, len(order), cfg.batch):
-            batch = [samples[j] for j in order[i:i + cfg.batch]]
-            n = sum(len(s.completion_ids) for s in batch)
-            opt.zero_grad(set_to_none=True)
-            for s in batch:  # one at a time: no padding, CPU attention's fast kernel
-                logp = completion_logprobs(model, [s], pad_id, logit_chunk)
-                (-logp.sum() / n).backward()  # token-mean over the batch
-                total += float(-logp.sum().detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            tokens += n
-        losses.append(total / max(1, tokens))
-    return losses
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
 
 
-def run(cfg: LearnConfig, farm_url: str, log: Any = print) -> dict[str, Any]:
+def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict[str, Any]:
     import torch
 
     from envfarm import load_catalog
-    from trainer.episode import EpisodeConfig
     from trainer.hf import load_model
-    from trainer.train import train
+    from trainer.learn_steps import new_model, tokenizer_texts
 
     torch.set_num_threads(cfg.threads)
-    started = time.perf_counter()
+    clock = _Clock()
     out = Path(cfg.out_dir)
+    shutil.rmtree(out / "grpo", ignore_errors=True)  # a fresh run: nothing to resume
     out.mkdir(parents=True, exist_ok=True)
-    catalog = load_catalog()
-    envs = [catalog[e].name for e in (cfg.envs or catalog.servable)]
-    split = {"train": [(e, i) for e in envs for i in cfg.train_tasks],
-             "heldout": [(e, i) for e in envs for i in cfg.heldout_tasks]}
-    grpo_cfg = cfg.train_config(out / "model_sft", envs)
-    episode_cfg = EpisodeConfig(max_turns=grpo_cfg.max_turns, window=grpo_cfg.window,
-                                tool_listing=grpo_cfg.tool_listing,
-                                max_tool_chars=grpo_cfg.max_tool_chars)
-    report: dict[str, Any] = {"seed": cfg.seed, "envs": envs, "split": {
-        k: len(v) for k, v in split.items()}, "evals": {}, "seconds": {}}
-
-    def evaluate_all(stage: str, model_path: Path) -> None:
-        t = time.perf_counter()
-        report["evals"][stage] = {
-            name: asyncio.run(evaluate(farm_url, model_path, jobs, episode_cfg,
-                                       cfg.eval_max_new_tokens, cfg.eval_temperature,
-                                       out / f"eval_{stage}_{name}.jsonl"))
-            for name, jobs in split.items()}
-        report["seconds"][f"eval_{stage}"] = time.perf_counter() - t
-        log(json.dumps({"stage": stage, **{k: v["success_rate"] for k, v in
-                                           report["evals"][stage].items()}}))
-
-    init = random_model(out / "model_init", cfg.dims, cfg.seed)
-    evaluate_all("init", init)
-
-    t = time.perf_counter()
+    catalog = load_catalog(suite.catalog)
+    train = suite.jobs("train")
+    evals = _eval_jobs(cfg, suite)
+    report: dict[str, Any] = {"seed": cfg.seed, "writer": suite.manifest["writer"], "suite": {
+        "key": suite.manifest["key"], "counts": suite.manifest["counts"]},
+        "evals": {}, "config": cfg.model_dump()}
+    texts = tokenizer_texts(catalog, train, cfg.episode.brief_reasoning)
+    init = new_model(out / "model_init", texts, cfg.model, cfg.seed)
     model, tokenizer = load_model(init, dtype="float32")
-    torch.manual_seed(cfg.seed)
-    samples = asyncio.run(sft_samples(farm_url, catalog, split["train"], episode_cfg, tokenizer))
-    report["sft_samples"] = len(samples)
-    report["sft_tasks"] = [list(job) for job in split["train"]]
-    report["sft_loss"] = sft(model, samples, tokenizer.pad_token_id, cfg.sft, cfg.seed)
+    report["parameters"] = sum(p.numel() for p in model.parameters())
+    ctx = _Run(cfg, farm_url, catalog, model, tokenizer, evals, clock, report, log)
+    ctx.evaluate("init", sampled=False)
+    ctx.supervised(train)
     model.save_pretrained(out / "model_sft")
     tokenizer.save_pretrained(out / "model_sft")
-    report["seconds"]["sft"] = time.perf_counter() - t
-    log(json.dumps({"stage": "sft", "samples": len(samples),
-                    "loss": [round(x, 3) for x in report["sft_loss"]]}))
-    evaluate_all("sft", out / "model_sft")
-
-    t = time.perf_counter()
-    records = asyncio.run(train(grpo_cfg, farm_url, log=lambda line: None))
-    report["seconds"]["grpo"] = time.perf_counter() - t
-    report["grpo_curve"] = [{k: r.get(k) for k in (
-        "step", "model_success_rate", "model_reward_mean", "model_format_error_rate",
-        "update_clip_frac", "groups_used")} for r in records]
-    from trainer import checkpoint
-
-    final = checkpoint.latest(Path(grpo_cfg.out_dir) / "checkpoints")
-    evaluate_all("grpo", final)
-    report["seconds"]["total"] = time.perf_counter() - started
+    ctx.evaluate("sft")
+    ctx.grpo(out / "model_sft", suite)
+    ctx.evaluate("grpo")
+    report.update(clock.report())
     (out / "learn.json").write_text(json.dumps(report, indent=1))
+    from trainer.learn_plot import plot
+
     plot(report, out / "learn.png")
     return report
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Left: evaluations at each stage (the model's own greedy success and format-error rate,
-    train and held-out tasks); right: the GRPO curve over its sampled rollouts."""
-    import matplotlib
+def _eval_jobs(cfg: LearnConfig, suite: Suite) -> list[tuple[str, int, str]]:
+    """(env, task_idx, split) evaluated at every stage: every held-out task, and the train tasks
+    (a fixed subset, the same for every seed, when ``eval.train_tasks`` is set)."""
+    train = suite.jobs("train")
+    if cfg.eval.train_tasks is not None and cfg.eval.train_tasks < len(train):
+        train = sorted(random.Random("eval-train").sample(train, cfg.eval.train_tasks))
+    held = [(env, idx, suite.split_of(env, idx)) for env, idx in suite.jobs("heldout")]
+    return [(env, idx, "train") for env, idx in train] + held
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    stages = list(report["evals"])
-    bars = [("train", "success_rate", "train: success", "tab:blue", None),
-            ("heldout", "success_rate", "held-out: success", "tab:orange", None),
-            ("train", "format_error_rate", "train: format errors", "tab:blue", "//"),
-            ("heldout", "format_error_rate", "held-out: format errors", "tab:orange", "//")]
-    for k, (split, key, label, color, hatch) in enumerate(bars):
-        ys = [report["evals"][s][split][key] or 0.0 for s in stages]
-        left.bar([i + 0.2 * k for i in range(len(stages))], ys, width=0.2, label=label,
-                 color=color, alpha=0.5 if hatch else 1.0, hatch=hatch)
-    left.set_xticks([i + 0.3 for i in range(len(stages))], stages)
-    left.set_ylim(0, 1.05)
-    left.set_ylabel("model's own episodes, greedy")
-    left.legend(fontsize="small")
-    curve = report.get("grpo_curve", [])
-    steps = [r["step"] for r in curve]
-    for key, label in (("model_success_rate", "success (own rollouts)"),
-                       ("model_format_error_rate", "format-error rate")):
-        right.plot(steps, [r[key] if r[key] is not None else float("nan") for r in curve],
-                   marker="o", label=label)
-    right.set_xlabel("GRPO step (guide_fraction 0)")
-    right.set_ylim(-0.05, 1.05)
-    right.legend()
-    fig.suptitle(f"envfarm learn, seed {report['seed']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+class _Run:
+    """One run's state: the model, the farm, what has been measured."""
+
+    def __init__(self, cfg: LearnConfig, farm_url: str, catalog: Any, model: Any, tokenizer: Any,
+                 evals: list[tuple[str, int, str]], clock: _Clock, report: dict[str, Any], log: Any) -> None:
+        self.cfg, self.farm_url, self.catalog = cfg, farm_url, catalog
+        self.model, self.tokenizer, self.evals = model, tokenizer, evals
+        self.clock, self.report, self.log = clock, report, log
+        self.episode_cfg = cfg.episode_config()
+
+    async def _episodes_async(self, jobs: list[tuple[str, int, str]], temperature: float, tag: str,
+                              file: str | None = None) -> dict[str, Any]:
+        from trainer.learn_steps import evaluate
+
+        out = Path(self.cfg.out_dir) / file if file else None
+        return await evaluate(
+            self.farm_url, self.model, self.tokenizer, [(e, i) for e, i, _ in jobs], [s for *_, s in jobs],
+            self.episode_cfg, temperature=temperature, max_new_tokens=self.cfg.episode.max_new_tokens,
+            seed=self.cfg.seed, tag=tag, out=out)
+
+    def _episodes(self, jobs: list[tuple[str, int, str]], temperature: float, tag: str,
+                  file: str | None = None) -> dict[str, Any]:
+        return asyncio.run(self._episodes_async(jobs, temperature, tag, file))
+
+    def evaluate(self, stage: str, sampled: bool | None = None) -> None:
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        result = {"greedy": self._episodes(self.evals, 0.0, f"{stage}:greedy", f"eval_{stage}_greedy.jsonl")}
+        if self.cfg.eval.sampled if sampled is None else sampled:
+            result["sampled"] = self._episodes(self.evals, 1.0, f"{stage}:sampled",
+                                               f"eval_{stage}_sampled.jsonl")
+        self.report["evals"][stage] = result
+        self.clock.stage(f"eval_{stage}", wall0, cpu0)
+        self.log(json.dumps({"stage": stage, **{f"{mode}_{split}": round(v["success_rate"] or 0.0, 3)
+                                                for mode, r in result.items() for split, v in r.items()}}))
+
+    def supervised(self, train: list[tuple[str, int]]) -> None:
+        from trainer.learn_steps import reference_samples, sft
+
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        s = self.cfg.sft
+        jobs = train if s.share >= 1 else sorted(random.Random("sft-share").sample(
+            train, max(1, round(s.share * len(train)))))
+        samples = asyncio.run(reference_samples(self.farm_url, self.catalog, jobs, self.episode_cfg,
+                                                self.tokenizer, self.cfg.episode.brief_reasoning))
+        probe = sorted(random.Random("sft-probe").sample(jobs, min(s.probe_tasks, len(jobs))))
+        curve: list[dict[str, Any]] = []
+
+        def after_epoch(epoch: int, loss: float) -> bool:
+            if s.stop_at is None:
+                self.log(json.dumps({"sft_epoch": epoch, "loss": round(loss, 4)}))
+                return False
+            got = self._episodes([(e, i, "train") for e, i in probe], 1.0, f"sft-probe:{epoch}")["all"]
+            curve.append({"epoch": epoch, "loss": loss, "probe_sampled_success": got["success_rate"],
+                          "probe_format_error_rate": got["format_error_rate"]})
+            self.log(json.dumps(curve[-1]))
+            return (got["success_rate"] or 0.0) >= s.stop_at
+
+        losses = sft(self.model, samples, self.tokenizer.pad_token_id, epochs=s.epochs, lr=s.lr,
+                     batch=s.batch, micro_batch=s.micro_batch, seed=self.cfg.seed, cosine=s.cosine,
+                     after_epoch=after_epoch)
+        self.report["sft"] = {"tasks": len(jobs), "samples": sum(map(len, samples)), "loss": losses,
+                              "epochs": len(losses), "probe": curve, "probe_tasks": len(probe)}
+        self.clock.stage("sft", wall0, cpu0)
+
+    def grpo(self, start: Path, suite: Suite) -> None:
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        self.report["grpo_curve"] = asyncio.run(self._grpo(start, suite))
+        self.clock.stage("grpo", wall0, cpu0)
+
+    async def _grpo(self, start: Path, suite: Suite) -> list[dict[str, Any]]:
+        """GRPO steps, in one event loop (the judge's clients live in it)."""
+        from trainer.train import Trainer, headline
+
+        trainer = Trainer(self.cfg.train_config(start, suite), self.farm_url)
+        self.model = trainer.model  # the SFT model, now trained by GRPO
+        curve, every = [], self.cfg.eval.every
+        held = [job for job in self.evals if job[2] != "train"]
+        try:
+            while not trainer.done:
+                record = await trainer.train_step()
+                row = {k: record.get(k) for k in (
+                    "step", "model_success_rate", "model_reward_mean", "model_format_error_rate",
+                    "groups", "groups_used", "update_clip_frac", "update_kl", "update_samples", "ends",
+                    "rollout_s", "update_s")}
+                row["signal_share"] = record["groups_used"] / record["groups"] if record["groups"] else 0.0
+                if every and (record["step"] + 1) % every == 0:
+                    got = (await self._episodes_async(held, 0.0, f"grpo-heldout:{record['step']}"))["all"]
+                    row["heldout_greedy_success"] = got["success_rate"]
+                    row["heldout_greedy_format_error_rate"] = got["format_error_rate"]
+                curve.append(row)
+                self.log(json.dumps({**headline(record), "signal_share": round(row["signal_share"], 3),
+                                     **{k: row[k] for k in ("heldout_greedy_success",) if k in row}}))
+        finally:
+            if trainer.judge is not None:
+                await trainer.judge.aclose()
+        return curve

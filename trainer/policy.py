@@ -68,16 +68,17 @@ class ScriptedPolicy:
     name = "scripted"
 
     def __init__(self, solutions: dict[tuple[str, int], list],
-                 answers: dict[tuple[str, int], str] | None = None) -> None:
+                 answers: dict[tuple[str, int], str] | None = None, *, brief: bool = False) -> None:
         self.solutions = solutions  # (env, task_idx) -> list[envfarm.ToolCall]
         self.answers = answers or {}  # (env, task_idx) -> stored reference final answer
+        self.brief = brief  # two-word reasoning ("Step 2."): what a tiny model imitates cheaply
 
     @classmethod
-    def from_catalog(cls, catalog) -> ScriptedPolicy:
+    def from_catalog(cls, catalog, *, brief: bool = False) -> ScriptedPolicy:
         return cls({(name, idx): calls for name in catalog.names
                     for idx, calls in catalog[name].solutions.items()},
                    {(name, idx): answer for name in catalog.names
-                    for idx, answer in catalog[name].solution_answers.items()})
+                    for idx, answer in catalog[name].solution_answers.items()}, brief=brief)
 
     def has(self, env: str, task_idx: int | None) -> bool:
         return task_idx is not None and (env, task_idx) in self.solutions
@@ -91,14 +92,15 @@ class ScriptedPolicy:
             raise PolicyError(f"no reference solution for {ctx.env} task {ctx.task_idx}")
         calls = self.solutions[(ctx.env, ctx.task_idx)]
         if ctx.turn == 0:
-            text = tool_call_text(LIST_TOOLS, {}, "First I list the tools I can use.")
+            text = tool_call_text(LIST_TOOLS, {}, "Tools first." if self.brief else
+                                  "First I list the tools I can use.")
         elif ctx.turn <= len(calls):
             call = calls[ctx.turn - 1]
-            text = call_tool_text(call.tool, call.arguments,
+            text = call_tool_text(call.tool, call.arguments, f"Step {ctx.turn}." if self.brief else
                                   f"Step {ctx.turn} of the plan: call {call.tool}.")
         else:
             answer = self.answers.get((ctx.env, ctx.task_idx), "The task is done.")
-            text = final_text(answer, "Every step succeeded; I can answer.")
+            text = final_text(answer, "Done." if self.brief else "Every step succeeded; I can answer.")
         return text
 
 

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 #: Qwen3's special tokens (same strings as the real tokenizer, so prompts read the same).
 EOS = "<|im_end|>"
@@ -71,25 +72,13 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0,
                      catalog_path: str | Path | None = None) -> Path:
     """Train the tokenizer, build the random-init model, save both (HF format) into out_dir."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from trainer.format import CHAT_TEMPLATE
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(list(corpus(catalog_path)), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL_TOKENS[3:])
-    fast.chat_template = CHAT_TEMPLATE
+    fast = train_tokenizer(list(corpus(catalog_path)), VOCAB_SIZE)
     fast.save_pretrained(out)
 
     config = Qwen3Config(vocab_size=len(fast), bos_token_id=None,
@@ -101,6 +90,39 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0,
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out)
     return out
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, *, split_digits: bool = False,
+                    identifiers: bool = False) -> Any:
+    """A byte-level BPE tokenizer learned from ``texts``, with Qwen3's special tokens and chat
+    template. ``split_digits``: every digit its own token, so a number never seen in training is
+    still made of pieces that were (copying an id or an amount from a request stays learnable).
+    ``identifiers``: a snake_case name (``create_payee``, ``account_id``) is one word that BPE may
+    merge whole, not words split at each ``_`` (a tool listing then costs a token per tool)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.format import CHAT_TEMPLATE
+
+    tok = Tokenizer(models.BPE())
+    steps = []
+    if identifiers:  # GPT-2's split with "_" a letter (and, split_digits, one digit a word)
+        digits = r" ?\p{N}" if split_digits else r" ?\p{N}+"
+        steps.append(pre_tokenizers.Split(Regex(r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}_]+|" + digits +
+                                                r"| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+"), "isolated"))
+    elif split_digits:
+        steps.append(pre_tokenizers.Digits(individual_digits=True))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not identifiers))
+    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[3:])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def tiny_model_path(seed: int = 0, cache_dir: str | Path | None = None) -> Path:

@@ -21,9 +21,11 @@ from envfarm import load_catalog
 from envfarm.client import EnvfarmError, Farm
 from judge import Outcome
 from trainer import checkpoint, judging, metrics
+from trainer.batched import BatchedPolicy
 from trainer.branching import run_branches
 from trainer.config import TrainConfig
 from trainer.episode import EpisodeConfig, EpisodeResult, TurnRecord, run_episode
+from trainer.format import system_text
 from trainer.grpo import (
     GRPOConfig,
     Sample,
@@ -72,8 +74,12 @@ class Trainer:
             metrics.keep_until(self.metrics_path, self.step - 1)
         elif self.metrics_path.exists():
             self.metrics_path.unlink()  # a fresh run: no stale steps in the log
-        self.policy = HFPolicy(self.model, self.tokenizer, max_new_tokens=config.max_new_tokens,
-                               temperature=config.temperature)
+        self.policy: Any = (
+            BatchedPolicy(self.model, self.tokenizer, max_new_tokens=config.max_new_tokens,
+                          temperature=config.temperature, seed=config.seed,
+                          max_batch=config.max_batch) if config.batched else
+            HFPolicy(self.model, self.tokenizer, max_new_tokens=config.max_new_tokens,
+                     temperature=config.temperature))
         catalog = load_catalog(config.catalog)
         self.guide = ScriptedPolicy.from_catalog(catalog)
         self.tasks = self._task_list(catalog)
@@ -81,10 +87,12 @@ class Trainer:
         self.episode_cfg = EpisodeConfig(max_turns=config.max_turns, window=config.window,
                                          tool_listing=config.tool_listing,
                                          max_tool_chars=config.max_tool_chars,
-                                         judge=self.judge)
+                                         system=system_text(config.system), judge=self.judge)
         self.grpo_cfg = grpo_config(config)
 
     def _task_list(self, catalog: Any) -> list[tuple[str, int]]:
+        if self.cfg.jobs is not None:
+            return [(catalog[env].name, idx) for env, idx in self.cfg.jobs]
         envs = self.cfg.envs or catalog.servable
         tasks = []
         for env in envs:
@@ -114,8 +122,8 @@ class Trainer:
         gate = asyncio.Semaphore(self.cfg.concurrency)
         async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency)) as farm:
             skip = await quarantined(farm)
-            groups = await asyncio.gather(*(self._group(farm, gate, env, idx)
-                                            for env, idx in self.pick_tasks(step, skip)))
+            groups = await asyncio.gather(*(self._group(farm, gate, env, idx, (step, k))
+                                            for k, (env, idx) in enumerate(self.pick_tasks(step, skip))))
         rollout_s = time.perf_counter() - started
         t = time.perf_counter()
         await judging.settle([e for g in groups for e in g], self.judge)
@@ -141,8 +149,8 @@ class Trainer:
         self.step = step + 1
         return record
 
-    async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int
-                     ) -> list[EpisodeResult]:
+    async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int,
+                     key: tuple[int, int] = (0, 0)) -> list[EpisodeResult]:
         """G rollouts of one task on G instances leased in one request (branching mode: G
         branches of one episode, ``trainer.branching``)."""
         g = self.cfg.group_size
@@ -161,12 +169,17 @@ class Trainer:
         guides = round(g * self.cfg.guide_fraction)
         policies: list[Policy] = [self.guide] * guides + [self.policy] * (g - guides)
 
-        async def one(policy: Policy, lease: Any) -> EpisodeResult:
+        async def one(policy: Policy, lease: Any, member: int) -> EpisodeResult:
             async with gate:
+                if isinstance(policy, BatchedPolicy):  # a row of the step's lockstep batches
+                    async with policy.episode((*key, member)):
+                        return await run_episode(farm, policy, env, task_idx, lease=lease,
+                                                 config=self.episode_cfg)
                 return await run_episode(farm, policy, env, task_idx, lease=lease,
                                          config=self.episode_cfg)
 
-        return list(await asyncio.gather(*(one(p, lease) for p, lease in zip(policies, leases))))
+        return list(await asyncio.gather(*(one(p, lease, m) for m, (p, lease)
+                                           in enumerate(zip(policies, leases)))))
 
     def _samples(self, groups: list[list[EpisodeResult]]) -> tuple[list[Sample], int]:
         return rollout_samples(groups, self.tokenizer)

@@ -28,6 +28,7 @@ from synth.factory.graph import factory_dir
 from synth.factory.model import Episode, task_text
 from synth.factory.queries import EPISODES_FILE, valid_records
 from synth.factory.run import catalog_envs
+from synth.factory.sql_verifier import sql_raw_response
 from synth.factory.verifier import key_value
 
 CATALOG_DIR = "factory_catalog"
@@ -128,6 +129,10 @@ def export_env(catalog: Any, name: str, out: Path, episodes: list[Episode]) -> d
         records.setdefault("gen_verifier.pure_code.jsonl", []).append(json.dumps({
             "scenario": name, "task_idx": idx, "task": task_text(e),
             "verification": {"code": e.verifier_code, "raw_response": ""}}))
+        if e.sql_verifier_code:  # facts for the LLM judge (the llm reward path reads these)
+            records.setdefault("gen_verifier.jsonl", []).append(json.dumps({
+                "scenario": name, "task_idx": idx, "task": task_text(e),
+                "verification": {"code": e.sql_verifier_code, "raw_response": sql_raw_response()}}))
         records.setdefault("gen_solutions.jsonl", []).append(json.dumps({
             "scenario": name, "task_idx": idx, "final_answer": e.final_answer,
             "solution": [{"tool": c.tool, "arguments": c.arguments} for c in e.calls]}))

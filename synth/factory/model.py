@@ -118,6 +118,8 @@ class Episode(BaseModel):
     #: QueryGen's stages: profile, scenario, per turn subgoals, goal and message ({} in older files)
     query: dict[str, Any] = Field(default_factory=dict)
     verifier_code: str             # AWM code mode: verify_task_completion(initial, final, final_answer=None)
+    #: AWM sql mode: verify_task(initial, final) -> facts for the LLM judge ("" when not made)
+    sql_verifier_code: str = ""
     final_answer: str | None = None
     accepted: bool = False
     reason: str = ""               # why rejected, for the report

@@ -41,6 +41,7 @@ from synth.factory.model import Chain, Episode, task_text
 from synth.factory.scenario import DEFAULT_KEEP, scenario_state
 from synth.factory.querygen import LLM_ERROR, QueryStats, write_query
 from synth.factory.run import CHAINS_FILE, catalog_envs
+from synth.factory.sql_verifier import sql_verifier_code
 from synth.factory.verifier import (
     checks_something,
     expected_state,
@@ -67,7 +68,8 @@ def _episode(ex: Executed, reason: str = "", detail: str = "", **kw: Any) -> Epi
 
 async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: Any, sandbox: Any,
                          seed: int = 0, tries: int = 5, ignore: Iterable[str] = (),
-                         keep: float | None = DEFAULT_KEEP) -> tuple[Episode, Candidate | None]:
+                         keep: float | None = DEFAULT_KEEP, writer: Any = None,
+                         sql: bool = False) -> tuple[Episode, Candidate | None]:
     """One chain through execution, QueryGen and the replay check: the episode (rejected ones say
     why) and, when it may go on, what the solving gate needs (``synth.factory.gate``).
 
@@ -78,6 +80,9 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     the env's reads write (``read_written_tables``), which the verifier leaves out. ``keep``: the
     chain's scenario starts from a database of its own (``synth.factory.scenario``: the sample
     data with each unreferenced row kept with this probability); None: the env's sample data.
+    ``writer``: what writes the request instead of QueryGen on ``llm`` (an object with QueryGen's
+    ``write_query`` as its ``write`` method, e.g. ``synth.factory.template_writer.TemplateWriter``).
+    ``sql``: also template an sql-mode verifier (facts for the LLM judge), checked with the replay.
     """
     state, initial = ({}, runtime.template.data) if keep is None else scenario_state(
         runtime.template.data, runtime.bundle.code or "", chain.chain_id, keep)
@@ -105,17 +110,20 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     if not checks_something(expected):
         return _episode(ex, DROP_NOTHING_STABLE, "every changed column differs between two runs", task_state=state), None
     code = verifier_code(expected, sorted(ignore))
+    sql_code = sql_verifier_code(expected, sorted(ignore)) if sql else ""
     stats = QueryStats()
     names = [*columns, *(c for cols in columns.values() for c in cols)]
-    plan, turn_calls, why = await write_query(llm, chain.env, ex, [t.name for t in runtime.tools], answer, stats,
-                                              columns=names)
+    tools = [t.name for t in runtime.tools]
+    plan, turn_calls, why = await (writer or QueryGen(llm)).write(chain.env, ex, tools, answer, stats, columns=names)
     usage = {k: getattr(stats, k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
     if plan is None:
         return _episode(ex, why, usage=usage, verifier_code=code, final_answer=final_answer, task_state=state), None
     calls = [ToolCall(tool=c.tool, arguments=c.arguments) for c in ex.calls]
-    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer, initial=initial)
+    check = await check_solution(runtime, code, calls, sandbox, final_answer=final_answer, initial=initial,
+                                 sql_verifier=sql_code or None)
     episode = _episode(ex, usage=usage, messages=[t.message for t in plan.turns], turn_calls=turn_calls,
-                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer, task_state=state)
+                       query=plan.model_dump(), verifier_code=code, final_answer=final_answer, task_state=state,
+                       sql_verifier_code=sql_code)
     if not check.solvable:
         episode.reason, episode.detail = DROP_GATE, "; ".join(check.problems)[:400]
         return episode, None
@@ -126,6 +134,17 @@ async def make_candidate(runtime: EnvRuntime, chain: Chain, columns: Any, llm: A
     return episode, Candidate(task=task_text(episode), verifier_code=code,
                               wrong_answers=_wrong_answers(initial, ex, answer, columns),
                               solution=calls, final_answer=final_answer, task_state=state, initial_db=initial)
+
+
+class QueryGen:
+    """QueryGen on an LLM as a request writer (``make_candidate``'s default)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    async def write(self, env: str, ex: Executed, tools: list[str], answer: tuple[str, Any] | None,
+                    stats: QueryStats, **kw: Any) -> tuple[Any, list[int], str]:
+        return await write_query(self.llm, env, ex, tools, answer, stats, **kw)
 
 
 def _column_values(data: bytes, answer: tuple[str, Any] | None, columns: Any) -> list[Any]:

@@ -1,42 +1,72 @@
-"""`envfarm learn` in miniature: random init -> eval -> SFT on train tasks' reference episodes
--> eval -> pure GRPO -> eval, on train and held-out tasks. Asserts the pipeline, not learning
-(the real run and its figures: benchmarks/RESULTS.md, "Learning on CPU")."""
+"""`envfarm learn` in miniature (a small suite on one env, a tiny model, one epoch, two GRPO steps):
+the pipeline, the split and what each phase saw; and the packed SFT rows scoring each turn exactly
+as its own sample. Learning itself is a benchmark (benchmarks/passes/2026-11-27-learning.md)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
-from trainer.learn import LearnConfig, run
+from trainer.grpo import Sample, completion_logprobs
+from trainer.learn import LearnConfig, prepare, run
+from trainer.learn_steps import pack, packed_logprobs
 
-pytestmark = pytest.mark.slow
 ENV = "personal_banking_1"
 
 
-def test_learn_pipeline_in_miniature(tmp_path, tiny_model, monkeypatch, bundled_catalog):
-    monkeypatch.setenv("ENVFARM_CACHE", str(tiny_model.parents[1]))
-    cfg = LearnConfig(out_dir=str(tmp_path / "learn"), envs=[ENV], train_tasks=[0],
-                      heldout_tasks=[7], sft={"epochs": 2, "lr": 3e-3, "batch": 4},
-                      eval_max_new_tokens=16,
-                      grpo={"steps": 1, "batch_size": 1, "group_size": 2, "mini_batches": 2,
-                            "max_turns": 2, "max_tool_chars": 200, "tool_listing": "names",
-                            "max_new_tokens": 16, "micro_batch": 1})
-    with LocalFarm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2))) as farm:
-        report = run(cfg, farm.url, log=lambda line: None)
+def test_packed_rows_score_each_turn_as_its_own_sample(tiny_model) -> None:
+    from trainer.hf import load_model
+
+    model, tok = load_model(tiny_model)
+    head = tok("system task list_tools listing").input_ids
+    turns = [tok(f" call {k} ").input_ids for k in range(3)]
+    results = [tok(f" result {k}").input_ids for k in range(3)]
+    samples, seq = [], list(head)
+    for turn, result in zip(turns, results, strict=True):
+        samples.append(Sample(list(seq), turn, 1.0))
+        seq += turn + result
+    samples.append(Sample(head + turns[2] + results[2], turns[0], 1.0))  # a window dropped turns
+    rows = pack(samples)
+    assert len(rows) == 2 and rows[0].ids == head + turns[0] + results[0] + turns[1] + results[1] + turns[2]
+    packed = packed_logprobs(model, rows, tok.pad_token_id).detach()
+    alone = torch.cat([completion_logprobs(model, [s], tok.pad_token_id).detach() for s in samples])
+    assert torch.allclose(packed, alone, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_learn_pipeline_in_miniature(tmp_path) -> None:
+    cfg = LearnConfig.model_validate({
+        "out_dir": str(tmp_path / "learn"),
+        "suite": {"envs": [ENV], "chains": 6, "draws": 2, "heldout_chains": 0.3, "heldout_values": 0.5,
+                  "dir": str(tmp_path / "suite")},
+        "model": {"dims": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+                  "vocab_size": 400},
+        "episode": {"max_new_tokens": 12, "max_turns": 3},
+        "sft": {"epochs": 2, "stop_at": 0.0, "probe_tasks": 2},
+        "eval": {"every": 1, "train_tasks": 3},
+        "grpo": {"steps": 2, "batch_size": 2, "group_size": 2, "micro_batch": 4}})
+    suite = prepare(cfg, log=lambda line: None)
+    with LocalFarm(FarmConfig(catalog=str(suite.catalog), envs=suite.envs, pool=PoolConfig(warm=2))) as farm:
+        report = run(cfg, farm.url, suite, log=lambda line: None)
     assert list(report["evals"]) == ["init", "sft", "grpo"]
-    for stage in report["evals"].values():
-        assert stage["train"]["episodes"] == 1 and stage["heldout"]["episodes"] == 1
-    # SFT saw the train task's reference episode, one sample per turn, and never a held-out one
-    assert report["sft_tasks"] == [[ENV, 0]]
-    assert report["sft_samples"] == len(bundled_catalog[ENV].solutions[0]) + 2
-    assert report["sft_loss"][1] < report["sft_loss"][0]
-    # GRPO was pure: the model's own rollouts only, on the train task
-    grpo = [json.loads(line) for line in
-            (tmp_path / "learn" / "grpo" / "metrics.jsonl").read_text().splitlines()]
-    assert len(grpo) == 1 and grpo[0]["guided_episodes"] == 0 and grpo[0]["model_episodes"] == 2
+    assert list(report["evals"]["init"]) == ["greedy"] and list(report["evals"]["grpo"]) == ["greedy", "sampled"]
+    held = len(suite.jobs("heldout"))
+    for mode in report["evals"]["grpo"].values():
+        assert mode["train"]["episodes"] == 3 and mode["all"]["episodes"] == 3 + held
+    # SFT saw train tasks only, and stopped after its first probe (stop_at 0)
+    assert report["sft"]["tasks"] == len(suite.jobs("train")) and report["sft"]["epochs"] == 1
+    assert len(report["sft"]["probe"]) == 1
+    # GRPO was pure (the model's own rollouts), on train tasks, with held-out checks every step
+    curve = report["grpo_curve"]
+    assert [r["step"] for r in curve] == [0, 1] and all("heldout_greedy_success" in r for r in curve)
+    grpo = [json.loads(line) for line in (tmp_path / "learn" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["guided_episodes"] == 0 and r["model_episodes"] == 4 for r in grpo)
+    assert report["cpu_seconds"]["total"] > 0 and report["load"]["start"]
     assert (tmp_path / "learn" / "learn.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "learn" / "learn.json").read_text())
-    assert saved["evals"] == report["evals"]
+    assert saved["evals"] == report["evals"] and saved["writer"].startswith("template writer")

@@ -1,0 +1,90 @@
+"""Sum up ``envfarm learn`` runs over seeds: the held-out and train gains of GRPO over SFT, their
+mean and standard deviation, whether issue 31's target is met, CPU and wall time; one figure.
+
+    python benchmarks/trainer/learn_summary.py runs/learn_s0 runs/learn_s1 runs/learn_s2 \\
+        --name learn_cpu --plot docs/learning_cpu.png
+
+Writes ``benchmarks/results/<name>_seed<N>.json`` (each run's learn.json) and
+``benchmarks/results/<name>_summary.json``. The target: held-out success, greedy AND sampled at
+T = 1, after GRPO exceeds after SFT by >= 10 points on the mean over the seeds and by more than
+twice the seeds' standard deviation of that gain; train success rises too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+
+def heldout(report: dict[str, Any], stage: str, mode: str) -> float:
+    got = report["evals"][stage][mode]
+    parts = [got[s] for s in ("heldout_values", "heldout_chains") if s in got]
+    return sum(p["successes"] for p in parts) / sum(p["valid"] for p in parts)
+
+
+def train(report: dict[str, Any], stage: str, mode: str) -> float:
+    return report["evals"][stage][mode]["train"]["success_rate"] or 0.0
+
+
+def split_rate(report: dict[str, Any], stage: str, mode: str, split: str) -> float | None:
+    return report["evals"][stage][mode].get(split, {}).get("success_rate")
+
+
+def gains(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (split, mode): each seed's after-SFT and after-GRPO success, the gain's mean and std."""
+    out: dict[str, Any] = {}
+    for name, fn in (("heldout", heldout), ("train", train)):
+        for mode in ("greedy", "sampled"):
+            sft = [fn(r, "sft", mode) for r in reports]
+            grpo = [fn(r, "grpo", mode) for r in reports]
+            delta = [b - a for a, b in zip(sft, grpo, strict=True)]
+            std = statistics.stdev(delta) if len(delta) > 1 else 0.0
+            out[f"{name}_{mode}"] = {"after_sft": sft, "after_grpo": grpo, "gain": delta,
+                                     "gain_mean": statistics.fmean(delta), "gain_std": std,
+                                     "met": statistics.fmean(delta) >= 0.10 and statistics.fmean(delta) > 2 * std}
+    for split in ("heldout_values", "heldout_chains"):
+        for mode in ("greedy", "sampled"):
+            out[f"{split}_{mode}"] = {stage: [split_rate(r, stage, mode, split) for r in reports]
+                                      for stage in ("sft", "grpo")}
+    return out
+
+
+def main() -> None:
+    from trainer.learn_plot import plot_seeds
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="out_dir of each seed's run (holding learn.json)")
+    ap.add_argument("--name", default="learn_cpu")
+    ap.add_argument("--plot", type=Path, default=None)
+    args = ap.parse_args()
+    reports = [json.loads((run / "learn.json").read_text()) for run in args.runs]
+    results = REPO / "benchmarks" / "results"
+    for report in reports:
+        (results / f"{args.name}_seed{report['seed']}.json").write_text(json.dumps(report, indent=1) + "\n")
+    g = gains(reports)
+    summary = {
+        "runs": [str(r) for r in args.runs], "seeds": [r["seed"] for r in reports],
+        "writer": reports[0]["writer"], "suite": reports[0]["suite"], "parameters": reports[0]["parameters"],
+        "gains": g, "target_met": g["heldout_greedy"]["met"] and g["heldout_sampled"]["met"]
+        and g["train_greedy"]["gain_mean"] > 0 and g["train_sampled"]["gain_mean"] > 0,
+        "per_seed": [{"seed": r["seed"], "cpu_seconds": r["cpu_seconds"], "seconds": r["seconds"], "load": r["load"],
+                      "sft_epochs": r["sft"]["epochs"], "sft_probe": r["sft"]["probe"],
+                      "judge": r.get("judge")} for r in reports]}
+    (results / f"{args.name}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if args.plot:
+        plot_seeds(reports, args.plot, f"envfarm learn ({args.name}), seeds {summary['seeds']}; "
+                   f"requests: {summary['writer']}")
+    print(json.dumps({k: {kk: v[kk] for kk in ("gain_mean", "gain_std", "met")} for k, v in g.items()
+                      if "gain_mean" in v}, indent=1))
+    print("target met:", summary["target_met"])
+
+
+if __name__ == "__main__":
+    main()
