@@ -25,6 +25,11 @@ class DeploymentOptions(BaseModel):
         description="Replicas of the stateless Door in front of a multi-replica pool under "
                     "HAProxy (each is one process, ~1 core of forwarding; more spread the "
                     "load and survive a node loss).")
+    door_hop: Literal["http", "handle"] = Field(
+        default="http",
+        description="How the Door sends a lease's requests to the replica that owns it: over "
+                    "HTTP to that replica's own listener (kept-alive connections), or as a Serve "
+                    "handle call routed to the owner (a Ray actor call: several times the CPU).")
     access_log: bool = Field(
         default=False,
         description="Serve's access log: a line per request in the replica's log file, i.e. "
