@@ -71,7 +71,8 @@ class ReplicaListener:
             port = sock.getsockname()[1]
             config = uvicorn.Config(self.app, lifespan="off", log_level="warning",
                                     access_log=False, timeout_keep_alive=LISTENER_KEEP_ALIVE_S,
-                                    backlog=2048, server_header=False, date_header=False)
+                                    backlog=2048, server_header=False, date_header=False,
+                                    proxy_headers=False)
             self._task = asyncio.get_running_loop().create_task(
                 _NoSignals(config).serve(sockets=[sock]))
             host = f"[{self.host}]" if ":" in self.host else self.host
