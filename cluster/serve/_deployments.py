@@ -125,6 +125,7 @@ class PoolReplica:
     async def create_lease(self, env: str, request: dict[str, Any] | None = None,
                            owner: str | None = None, api_key: str | None = None
                            ) -> dict[str, Any]:
+        """The Serve hop only: ``FarmCore.create_lease`` makes the lease."""
         info = await self.core.create_lease(env, LeaseRequest.model_validate(request or {}),
                                             key=api_key)
         return info.model_dump()
