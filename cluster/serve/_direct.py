@@ -33,7 +33,7 @@ from envfarm.wire import ForwardedRequest, ForwardedResponse
 
 #: Request headers the Door does not pass on (the hop's own; aiohttp writes host and length).
 HOP_HEADERS = frozenset({b"host", b"content-length", b"connection", b"keep-alive",
-                         b"transfer-encoding", b"upgrade", b"te", b"trailer"})
+                         b"transfer-encoding", b"upgrade", b"te", b"trailer", b"expect"})
 #: The listener keeps idle connections longer than the Door does, so the Door never sends on a
 #: connection the listener is closing (which would look like the owner dying).
 LISTENER_KEEP_ALIVE_S = 3600
