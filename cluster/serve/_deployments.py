@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster.compose import compose_core
 from cluster.serve._forward import forward, to_response
-from cluster.serve._direct import ReplicaListener
+from cluster.serve._direct import ReplicaListener, listener_host
 from cluster.serve._handles import fresh_call
 from cluster.serve._openenv import HandleLeaseAPI
 from cluster.serve._router import INDEX_PREFIX
@@ -105,7 +105,8 @@ class PoolReplica:
         self._drain = app.state.drain
         self._pool: Any = None
         self._asgi = ToOwner(app, self.core.owner, self._own_pool)
-        self._listener = ReplicaListener(_FullPath(self._asgi), ray.util.get_node_ip_address())
+        self._listener = ReplicaListener(_FullPath(self._asgi),
+                                         listener_host(ray.util.get_node_ip_address()))
 
     def _own_pool(self) -> Any:
         """This replica's own deployment, by handle (misrouted requests go on to the owner)."""

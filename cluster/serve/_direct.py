@@ -20,6 +20,7 @@ lease notices (blast radius one).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from typing import Any
 
@@ -50,6 +51,15 @@ class _NoSignals(uvicorn.Server):
         import contextlib
 
         return contextlib.nullcontext()
+
+
+#: Where pool replicas open their listeners; unset: the node's IP (the Door may be on
+#: another node). An embedded local Ray sets it to loopback: nothing off the machine reaches them.
+LISTENER_HOST_ENV = "ENVFARM_LISTENER_HOST"
+
+
+def listener_host(node_ip: str) -> str:
+    return os.environ.get(LISTENER_HOST_ENV) or node_ip
 
 
 class ReplicaListener:

@@ -85,7 +85,8 @@ class Door:
         direct hop so far (operators, benchmarks, tests)."""
         if kind is not None:
             self._hop = kind
-        return {"hop": self._hop, "sent_direct": self.links.sent, "owners": len(self.links.urls)}
+        return {"hop": self._hop, "sent_direct": self.links.sent, "owners": len(self.links.urls),
+                "listeners": sorted(self.links.urls.values())}
 
 
 def _replica_lost(owner: str | None, exc: RayActorError) -> EnvfarmError:

@@ -48,6 +48,9 @@ async def test_a_leases_calls_reach_its_owner_over_the_direct_hop(serve_farm):
             await c.delete(lease_path(info), headers=auth(info))
     assert not tally.wrong_state and not tally.ours_5xx, tally.summary()
     assert sent == 2 * len(infos)  # every write and read took the direct hop
+    # an embedded farm's listeners are on loopback, as everything else of it
+    listeners = (await door.hop.remote())["listeners"]
+    assert listeners and all(u.startswith("http://127.0.0.1:") for u in listeners), listeners
     # ... to the owner itself: no replica handed a request on, each holds its own leases
     assert all(after[o]["handed_on"] == before[o]["handed_on"] for o in after)
     for o in {owner(i) for i in infos}:
