@@ -53,3 +53,17 @@ def cores_while(run: Callable[[], T], seconds: float) -> tuple[T, dict[int, tupl
     worker.join()
     return out[0], {pid: (cmd, (cpu - before[pid][1]) / dt)
                     for pid, (cmd, cpu) in after.items() if pid in before}
+
+
+def ray_group(cmd: str, name: str) -> str:
+    """A Serve farm's process by what it does (Serve's replicas by deployment)."""
+    if "haproxy" in name:
+        return "haproxy"
+    if "ServeReplica" in cmd:
+        return ("door" if ":door" in cmd else "front" if ":front" in cmd
+                else "pool replicas")
+    for key, group in (("ProxyActor", "proxy"), ("ServeController", "controller"),
+                       ("raylet", "raylet"), ("gcs_server", "gcs")):
+        if key in cmd or key in name:
+            return group
+    return "ray other"

@@ -6,8 +6,8 @@
     unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/judge/bench_judge.py serve'
                                                             # Serve deployment, batched vs not
 
-Data: the real AWM e_commerce_33 verifiers and a database built from the AWM samples (needs
-../shared/awm1k_samples). Prints one JSON object per measurement and merges them into
+Data: the real AWM e_commerce_33 verifiers and a database built from the AWM samples (set
+ENVFARM_AWM_SAMPLES to a folder of AgentWorldModel-1K samples). Prints one JSON object per measurement and merges them into
 benchmarks/results/judge.json (``--quick``: a short smoke run that writes nothing unless
 ``--json`` is given).
 """
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT.parent / "shared" / "awm1k_samples"
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._awm import require_awm_samples
 from judge import (
     Judge,
     JudgeConfig,
@@ -46,7 +46,7 @@ SCENARIO = "e_commerce_33"
 
 
 def _record(name: str) -> dict[str, Any]:
-    for line in (SAMPLES / name).read_text().splitlines():
+    for line in (require_awm_samples() / name).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("scenario") == SCENARIO:
             return rec
@@ -67,7 +67,7 @@ def _db(statements: list[str] = ()) -> bytes:
 
 
 def _verifiers(name: str) -> list[dict[str, Any]]:
-    return [json.loads(x)["verification"] for x in (SAMPLES / name).read_text().splitlines()]
+    return [json.loads(x)["verification"] for x in (require_awm_samples() / name).read_text().splitlines()]
 
 
 RECORDS: list[dict[str, Any]] = []

@@ -180,6 +180,7 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
         failures.append(f"5xx/transport errors: {bad}")
     return {
         "config": {"leases": args.leases, "duration_s": args.duration, "replicas": args.replicas,
+                   "door_hop": args.door_hop,
                    "connections": args.connections, "tool": "list_wishlists (reads own state)",
                    "cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "acquire_all_s": round(acquire_s, 1),
@@ -235,6 +236,8 @@ def main() -> None:
     p.add_argument("--no-kill", action="store_true", help="kill no replica")
     p.add_argument("--max-ongoing", type=int, default=None,
                    help="max_ongoing_requests per pool replica (default: the farm's)")
+    p.add_argument("--door-hop", choices=("http", "handle"), default="http",
+                   help="how the Door reaches a lease's owner (DeploymentOptions.door_hop)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--name", default="soak", help="results/<name>.json and .png")
     args = p.parse_args()
@@ -250,6 +253,7 @@ def main() -> None:
     farm = start_farm(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8)),
                       ServeOptions(port=free_port(), num_cpus=2,
                                    deployment=DeploymentOptions(num_replicas=args.replicas,
+                                                                door_hop=args.door_hop,
                                                                 **ongoing)))
     try:
         session = ray._private.worker._global_node.get_session_dir_path()

@@ -35,8 +35,10 @@ from envfarm import EnvRuntime, build_template, load_catalog
 from envfarm.confined.probing import example_arguments
 from envfarm.errors import CatalogError
 
+from benchmarks._awm import awm_samples
+
 ROOT = Path(__file__).resolve().parents[2]
-AWM = ROOT.parent / "shared" / "awm1k_samples"
+AWM = awm_samples()  # optional: the AWM-1K catalog joins the runs when present
 # One simple read per env (tool, arguments); others fall back to the first GET that answers.
 READS = {"content_platform_1": ("get_channel_by_id", {"channel_id": 1})}
 

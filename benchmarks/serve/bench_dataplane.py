@@ -74,7 +74,8 @@ _FRAMEWORKS_ONLY = (
 
 
 class Farm:
-    """A farm in a subprocess: ``serve --proxy haproxy|python`` (``+flag`` adds ``--flag``),
+    """A farm in a subprocess: ``serve --proxy haproxy|python`` (``+flag`` adds ``--flag``,
+    ``+flag=value`` adds ``--flag value``),
     ``serve --no-ray``, or ``frameworks`` (the --no-ray process without the fast paths)."""
 
     def __init__(self, kind: str, warm: int, repo: Path = REPO) -> None:
@@ -90,8 +91,10 @@ class Farm:
         if repo != REPO:
             env["PYTHONPATH"] = str(repo)
         proxy, *flags = kind.split("+")
-        args += ([f"--{f}" for f in ("no-ray", *flags)] if proxy == "no-ray" else
-                 ["--proxy", proxy, "--num-cpus", "2", *(f"--{f}" for f in flags)])
+        # haproxy+replicas=2: `serve --replicas 2` (two pool replicas behind the Door)
+        flags = [arg for f in flags for arg in (f"--{f.split('=')[0]}", *f.split("=")[1:2])]
+        args += (["--no-ray", *flags] if proxy == "no-ray" else
+                 ["--proxy", proxy, "--num-cpus", "2", *flags])
         if kind == "frameworks":
             args = [PY, "-c", _FRAMEWORKS_ONLY, ENV, str(warm), str(self.port)]
         t0 = time.perf_counter()

@@ -30,6 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._awm import awm_samples
 from envfarm.catalog import load_catalog
 from envfarm.confined.runtime import EnvRuntime
 from envfarm.llm import ChatRequest, LLMClient, LLMConfig, Recorded
@@ -46,7 +47,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LABELS = DATA / f"edge_labels_{LABELLED_ENV}.json"
 REPLAY = DATA / f"edge_replay_{LABELLED_ENV}.jsonl"
 REPLAY_MODEL = "replay-from-labels"
-AWM_SAMPLES = REPO.parent / "shared" / "awm1k_samples"
+AWM_SAMPLES = awm_samples()  # optional: the AWM-1K graphs join the rows when present
 
 
 class CachingEmbedder:

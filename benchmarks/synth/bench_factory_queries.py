@@ -89,7 +89,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chains", type=int, default=50)
     ap.add_argument("--catalog", type=Path, default=None,
-                    help="catalog folder (e.g. ../shared/awm1k_samples); default: the bundled one")
+                    help="catalog folder (e.g. a folder of AgentWorldModel-1K samples); default: the bundled one")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "factory_queries.json")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]

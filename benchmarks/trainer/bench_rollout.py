@@ -50,7 +50,7 @@ from envfarm.client import AiohttpTransport, Farm, HttpxTransport  # noqa: E402
 from trainer.episode import EpisodeResult, run_episode  # noqa: E402
 from trainer.policy import ScriptedPolicy  # noqa: E402
 
-from benchmarks._procs import wait_http  # noqa: E402
+from benchmarks._procs import ray_group, wait_http  # noqa: E402
 from benchmarks.trainer._transports import CoalescingTransport, HandleTransport  # noqa: E402
 
 GROUP = 8  # G: rollouts per task, leased together on the batched paths
@@ -147,12 +147,22 @@ def tree_cpu(pid: int, skip_self: bool = False) -> dict[str, float]:
         except psutil.Error:
             continue
         role = ("root" if proc is root else "env workers" if "envfarm.confined" in cmd
-                else "verifier sandbox" if "_sandbox_worker" in cmd else "other")
+                else "verifier sandbox" if "_sandbox_worker" in cmd
+                else ray_group(cmd, proc.name()))
         own = 0.0 if (skip_self and proc is root) else t.user + t.system
         out[role] += own
         # processes that ended and were reaped: an env worker retired by the root counts here
         out["ended, reaped by " + role] += t.children_user + t.children_system
     return out
+
+
+def serve_cpu(skip: int | None) -> dict[str, float]:
+    """This process's descendants (Ray's, for a Serve farm) less the tree under ``skip``."""
+    mine = tree_cpu(os.getpid(), True)
+    if skip is None:
+        return mine
+    other = tree_cpu(skip)
+    return {k: v - other.get(k, 0.0) for k, v in mine.items()}
 
 
 def _run_mode(url: str, policy: ScriptedPolicy, groups: list, concurrency: int, transport: str,
@@ -392,44 +402,50 @@ def main() -> None:
     }
     runs: dict[str, list[dict]] = defaultdict(list)
     local = [m for m in modes if m.startswith("no_ray")]
-    if local:
-        proc, url = start_no_ray(warm, args.verifier_workers)
-        try:
-            for _ in range(args.rounds):
-                for m in local:
-                    runs[m].append(run_mode(url, policy, groups, args.concurrency,
-                                            farm_cpu=lambda: tree_cpu(proc.pid),
-                                            **client_modes[m]))
-                    print(m, runs[m][-1], flush=True)
-            if args.profile:
-                res["no_ray_profile"] = run_mode(url, policy, groups, args.concurrency,
-                                                 "aiohttp", False, profile=True)
-        finally:
+    served = [m for m in modes if m.startswith("serve")]
+    proc = farm = None
+    try:
+        if local:
+            proc, url = start_no_ray(warm, args.verifier_workers)
+        if served:
+            from cluster.serve import DeploymentOptions, ServeOptions, start_farm
+            from envfarm.farm import FarmConfig, PoolConfig, free_port
+
+            t0 = time.perf_counter()
+            farm = start_farm(FarmConfig(pool=PoolConfig(warm=warm),
+                                         verifier_workers=args.verifier_workers),
+                              ServeOptions(port=free_port(), num_cpus=2,
+                                           deployment=DeploymentOptions(
+                                               num_replicas=args.replicas)))
+            res["serve_startup_s"] = round(time.perf_counter() - t0, 1)
+        # Rounds interleave the modes (both farms up at once, the idle one costs no CPU), so
+        # every mode sees the same load on a shared machine: compare within a round.
+        for rnd in range(args.rounds):
+            for m in local + served:
+                if m in local:
+                    where, cpu = url, (lambda: tree_cpu(proc.pid))
+                else:  # Ray's processes are this one's children; the --no-ray farm is not Ray
+                    where, cpu = farm.url, (lambda: serve_cpu(proc.pid if proc else None))
+                runs[m].append(run_mode(where, policy, groups, args.concurrency, farm_cpu=cpu,
+                                        **client_modes[m]))
+                runs[m][-1]["round"], runs[m][-1]["load_avg"] = rnd, os.getloadavg()
+                print(m, runs[m][-1], flush=True)
+        if args.profile and local:
+            res["no_ray_profile"] = run_mode(url, policy, groups, args.concurrency,
+                                             "aiohttp", False, profile=True)
+    finally:
+        if farm is not None:
+            farm.shutdown()
+        if proc is not None:
             proc.terminate()
             proc.wait(timeout=15)
-    served = [m for m in modes if m.startswith("serve")]
-    if served:
-        from cluster.serve import DeploymentOptions, ServeOptions, start_farm
-        from envfarm.farm import FarmConfig, PoolConfig, free_port
-
-        t0 = time.perf_counter()
-        farm = start_farm(FarmConfig(pool=PoolConfig(warm=warm),
-                                     verifier_workers=args.verifier_workers),
-                          ServeOptions(port=free_port(), num_cpus=2,
-                                       deployment=DeploymentOptions(
-                                           num_replicas=args.replicas)))
-        res["serve_startup_s"] = round(time.perf_counter() - t0, 1)
-        try:
-            for _ in range(args.rounds):
-                for m in served:  # Ray's processes are this one's children
-                    runs[m].append(run_mode(farm.url, policy, groups, args.concurrency,
-                                            farm_cpu=lambda: tree_cpu(os.getpid(), True),
-                                            **client_modes[m]))
-                    print(m, runs[m][-1], flush=True)
-        finally:
-            farm.shutdown()
     for m, rs in runs.items():
         res[m] = median_of(rs)
+    if local and served:  # same-round ratios: Serve's rate over the --no-ray bare rate
+        base = next((m for m in local if m == "no_ray_bare"), local[0])
+        res["serve_vs_no_ray_by_round"] = {m: [round(a["episodes_per_s"] / b["episodes_per_s"], 3)
+                                               for a, b in zip(runs[m], runs[base])
+                                               if b["episodes_per_s"]] for m in served}
     if "awm" in modes:
         res["awm"] = awm_baseline(catalog, groups, args.awm_per_env)
         print("awm", res["awm"], flush=True)

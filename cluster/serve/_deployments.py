@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cluster.compose import compose_core
 from cluster.serve._forward import forward, to_response
+from cluster.serve._direct import ReplicaListener, listener_host
 from cluster.serve._handles import fresh_call
 from cluster.serve._openenv import HandleLeaseAPI
 from cluster.serve._router import INDEX_PREFIX
@@ -104,6 +105,8 @@ class PoolReplica:
         self._drain = app.state.drain
         self._pool: Any = None
         self._asgi = ToOwner(app, self.core.owner, self._own_pool)
+        self._listener = ReplicaListener(_FullPath(self._asgi),
+                                         listener_host(ray.util.get_node_ip_address()))
 
     def _own_pool(self) -> Any:
         """This replica's own deployment, by handle (misrouted requests go on to the owner)."""
@@ -123,6 +126,7 @@ class PoolReplica:
     async def create_lease(self, env: str, request: dict[str, Any] | None = None,
                            owner: str | None = None, api_key: str | None = None
                            ) -> dict[str, Any]:
+        """The Serve hop only: ``FarmCore.create_lease`` makes the lease."""
         info = await self.core.create_lease(env, LeaseRequest.model_validate(request or {}),
                                             key=api_key)
         return info.model_dump()
@@ -136,6 +140,11 @@ class PoolReplica:
                                                 request.query_string, request.headers,
                                                 request.body)
         return ForwardedResponse(status=status, headers=headers, body=body)
+
+    async def listener(self, owner: str) -> dict[str, Any]:
+        """This replica's own HTTP listener (opened on first ask): where the Door sends the
+        requests of leases this replica owns (cluster.serve._direct)."""
+        return {"owner": self.core.owner, "url": self._listener.open()}
 
     async def metrics_text(self, owner: str) -> bytes:
         return self.core.metrics.render()

@@ -1,33 +1,42 @@
 """The Door: a stateless HTTP ingress in front of a multi-replica pool under HAProxy ingress.
 
-HAProxy picks the Door replica by load; the Door forwards the request by handle, with the owner
-read from the path, so ``LeaseRouter`` on the pool sends it to the replica that owns the lease
-(or to any replica for a new lease; a lease whose owner is gone gets 410 there). A plain
-deployment (``__call__`` takes a Request), not ``@serve.ingress``: Serve allows one ASGI ingress
-per app, and the pool behind is one.
+HAProxy picks the Door replica by load. A request naming a lease goes to the replica that owns
+it: over HTTP to that replica's own listener (``hop="http"``, the default; see
+``cluster.serve._direct``), or by handle with the owner read from the path, so ``LeaseRouter``
+on the pool picks the owner (``hop="handle"``). Anything else (a new lease) goes by handle to
+the replica ``LeaseRouter`` picks; a lease whose owner is gone gets 410. A plain deployment
+(``__call__`` takes a Request), not ``@serve.ingress``: Serve allows one ASGI ingress per app,
+and the pool behind is one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import aiohttp
 from ray.exceptions import ActorDiedError, RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cluster.serve._forward import forward, to_response
+from cluster.serve._direct import OwnerLinks
+from cluster.serve._forward import forward, owner_lost, to_response
 from cluster.serve._router import owner_from_path
 from envfarm.errors import EnvfarmError, LeaseGone, PayloadTooLarge, PoolExhausted
 from envfarm.farm import error_response
 from envfarm.wire import ForwardedRequest
 
 
+Hop = Literal["http", "handle"]
+
+
 class Door:
     """Ingress of a multi-replica pool app under HAProxy (see cluster.serve._ingress)."""
 
-    def __init__(self, pool: Any, max_body_bytes: int) -> None:
+    def __init__(self, pool: Any, max_body_bytes: int, hop: Hop = "http") -> None:
         self.pool = pool
         self.max_body_bytes = max_body_bytes
+        self.links = OwnerLinks(pool)
+        self._hop: Hop = hop
 
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
@@ -36,19 +45,48 @@ class Door:
                 f"request body is over the {self.max_body_bytes} byte limit",
                 limit=self.max_body_bytes))
         fwd = ForwardedRequest.of_scope(request.scope, body)
+        owner = owner_from_path(fwd.path)
+        if owner is not None and self._hop == "http":
+            direct = await self._to_owner(owner, fwd)
+            if direct is not None:
+                return direct
         try:
             return to_response(await forward(self.pool, fwd))
         except RayActorError as exc:
             # Retry only where nothing can have happened: no lease state (a new lease, the
             # catalog) and a replica that is dead, not merely unreachable (a live one may have
             # made the lease already; the client gets a retryable error and decides).
-            owner = owner_from_path(fwd.path)
             if owner is not None or not isinstance(exc, ActorDiedError):
                 return error_response(_replica_lost(owner, exc))
         try:
             return to_response(await forward(self.pool, fwd))
         except RayActorError as again:
             return error_response(_replica_lost(None, again))
+
+    async def _to_owner(self, owner: str, fwd: ForwardedRequest) -> Response | None:
+        """The lease's request over HTTP to its owner's listener; None when the owner is not
+        running (the handle path then answers, 410 from another replica)."""
+        try:
+            url = await self.links.url_of(owner)
+        except RayActorError as exc:
+            return error_response(_replica_lost(owner, exc))
+        if url is None:
+            return None
+        try:
+            return to_response(await self.links.send(url, fwd))
+        except (aiohttp.ClientError, OSError) as exc:
+            # The owner's listener closed or refused: its process (and the lease's state) is
+            # gone with it. Ask again next time: a live owner answers with its address.
+            self.links.forget(owner)
+            return error_response(owner_lost(owner, exc))
+
+    async def hop(self, kind: Hop | None = None) -> dict[str, Any]:
+        """How lease requests reach their owner (set it with ``kind``), and how many took the
+        direct hop so far (operators, benchmarks, tests)."""
+        if kind is not None:
+            self._hop = kind
+        return {"hop": self._hop, "sent_direct": self.links.sent, "owners": len(self.links.urls),
+                "listeners": sorted(self.links.urls.values())}
 
 
 def _replica_lost(owner: str | None, exc: RayActorError) -> EnvfarmError:

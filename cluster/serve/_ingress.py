@@ -149,4 +149,4 @@ def pool_application(farm: dict[str, Any], options: DeploymentOptions, proxy: Pr
                             max_ongoing_requests=options.max_ongoing_requests * 2,
                             ray_actor_options={"num_cpus": 0},
                             logging_config=access_logging(options.access_log))
-    return door.bind(pool, FarmConfig.model_validate(farm).max_body_bytes)
+    return door.bind(pool, FarmConfig.model_validate(farm).max_body_bytes, options.hop)

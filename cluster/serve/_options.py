@@ -25,12 +25,34 @@ class DeploymentOptions(BaseModel):
         description="Replicas of the stateless Door in front of a multi-replica pool under "
                     "HAProxy (each is one process, ~1 core of forwarding; more spread the "
                     "load and survive a node loss).")
+    door_hop: Literal["http", "handle"] | None = Field(
+        default=None,
+        description="How the Door sends a lease's requests to the replica that owns it: over "
+                    "HTTP to that replica's own listener (kept-alive connections), or as a Serve "
+                    "handle call routed to the owner (a Ray actor call: several times the CPU). "
+                    "Default: http for a fixed replica count, handle under autoscaling (Serve's "
+                    "autoscaler counts the requests its handles route; the HTTP hop bypasses "
+                    "them, so the pool would never scale).")
     access_log: bool = Field(
         default=False,
         description="Serve's access log: a line per request in the replica's log file, i.e. "
                     "per tool call (~140 bytes and ~25 µs of replica CPU each; the status page "
                     "and /metrics count calls without it). Off also sets Serve's replica "
                     "logger to WARNING.")
+
+    @model_validator(mode="after")
+    def _autoscaling_sees_its_requests(self) -> DeploymentOptions:
+        if self.autoscaling_config is not None and self.door_hop == "http":
+            raise ValueError("door_hop='http' bypasses Serve's request counts, which autoscaling "
+                             "scales on: use 'handle' (the default under autoscaling)")
+        return self
+
+    @property
+    def hop(self) -> Literal["http", "handle"]:
+        """The Door's hop to a lease's owner (see ``door_hop``)."""
+        if self.door_hop is not None:
+            return self.door_hop
+        return "handle" if self.autoscaling_config is not None else "http"
 
     def serve_kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {"max_ongoing_requests": self.max_ongoing_requests,

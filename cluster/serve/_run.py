@@ -17,6 +17,7 @@ from ray import serve
 
 from cluster.serve._build import FRONT_APP, AppPlan, applications, plan
 from cluster.serve._handles import fresh_call
+from cluster.serve._direct import LISTENER_HOST_ENV
 from cluster.serve._ingress import (
     ENV_HAPROXY,
     IngressMismatch,
@@ -77,6 +78,8 @@ def start_farm(config: FarmConfig, options: ServeOptions, *, address: str | None
         else:
             use_ingress(options.proxy)  # the embedded Ray's processes inherit it
             os.environ.setdefault(ENV_DRAIN, LOCAL_DRAIN_S)
+            # The pool replicas' own listeners: loopback, as everything of an embedded farm.
+            os.environ.setdefault(LISTENER_HOST_ENV, "127.0.0.1")
             # address="local": a new embedded cluster, never one another program left behind
             _keeping_sigterm(lambda: ray.init(
                 address="local", num_cpus=options.num_cpus, include_dashboard=False,

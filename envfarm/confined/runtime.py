@@ -268,7 +268,8 @@ class Instance:
 
     async def _run(self, op: Operation, request: tuple, guard: _guard.CallGuard,
                    started: float) -> tuple[Any, int | None]:
-        """The env app's answer to one call (or a failed ``CallResult``), and its status."""
+        """Where a tool call finally runs: the env's generated app answers one in-process ASGI
+        request, here, inside the jailed worker (or a failed ``CallResult``), and its status."""
         path, query, body = request
         timeout = self.runtime.call_timeout_s
         status: int | None = None

@@ -130,6 +130,7 @@ class _Handlers:
     # -- leases --------------------------------------------------------------------------------
     async def create_lease(self, request: Request, env: EnvName,
                            req: Annotated[LeaseRequest | None, Body()] = None) -> LeaseInfo:
+        """The HTTP route only: ``FarmCore.create_lease`` makes the lease."""
         return await self.core.create_lease(env, req or LeaseRequest(), self._base_url(request),
                                             request.headers.get(KEY_HEADER))
 

@@ -1,4 +1,5 @@
-"""The farm's record of one lease: what the lease table holds and verification reads."""
+"""The farm's record of one lease: what the lease table holds and verification reads (leases
+are made in ``FarmCore.create_lease``, ``_core.py``)."""
 
 from __future__ import annotations
 

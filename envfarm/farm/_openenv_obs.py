@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from envfarm.catalog import Catalog
 from envfarm.errors import EnvfarmError, EnvNotFound
+from envfarm.verdict import REWARDS, Outcome
 from envfarm.wire import LEASE_ID_PATTERN
 
 
@@ -59,8 +60,11 @@ class ResetArgs(BaseModel):
 
 #: Step reward types AWM counts as format errors.
 FORMAT_ERROR_TYPES = frozenset({"tool_not_found", "invalid_args", "invalid_action"})
-#: AWM's default reward config.
-DEFAULT_REWARDS = {"complete": 1.0, "incomplete": 0.1, "format_error": -1.0}
+#: AWM's default step-reward config, in AWM's names, taken from the one reward table
+#: (``envfarm.verdict.REWARDS``) so the two cannot drift apart.
+DEFAULT_REWARDS = {"complete": REWARDS[Outcome.completed],
+                   "incomplete": REWARDS[Outcome.partially_completed],
+                   "format_error": REWARDS[Outcome.format_error]}
 
 
 def step_reward(reward_type: str, config: dict[str, float]) -> float:

@@ -80,3 +80,25 @@ def test_door_replicas_in_front_of_a_multi_replica_pool(bundled_catalog):
     single = build_app(pool_application(farm, DeploymentOptions(door_replicas=3), "haproxy"),
                        name="b")
     assert [d.name for d in single.deployments] == ["pool"]  # one replica is its own ingress
+
+
+def test_the_door_takes_the_http_hop_unless_the_pool_autoscales(bundled_catalog):
+    """Serve's autoscaler counts the requests its handles route: an autoscaled pool behind a
+    Door that bypassed them (the HTTP hop) would never scale up."""
+    from pydantic import ValidationError
+
+    from cluster.serve import DeploymentOptions
+    from cluster.serve._ingress import pool_application
+
+    farm = FarmConfig(envs=["hotel_booking_1"]).model_dump()
+    auto = {"min_replicas": 1, "max_replicas": 2}
+
+    def hop(**options) -> str:
+        door = pool_application(farm, DeploymentOptions(**options), "haproxy")
+        return door._bound_deployment.init_args[2]
+
+    assert hop(num_replicas=2) == "http"
+    assert hop(num_replicas=2, door_hop="handle") == "handle"
+    assert hop(autoscaling_config=auto) == "handle"
+    with pytest.raises(ValidationError, match="autoscaling"):
+        DeploymentOptions(autoscaling_config=auto, door_hop="http")
