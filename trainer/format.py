@@ -142,9 +142,11 @@ def tool_call_text(name: str, arguments: dict[str, Any], think: str) -> str:
     return f"<think>\n{think}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
 
 
-def call_tool_text(tool: str, arguments: dict[str, Any], think: str) -> str:
-    return tool_call_text(CALL_TOOL, {"tool_name": tool, "arguments": json.dumps(arguments)},
-                          think)
+def call_tool_text(tool: str, arguments: dict[str, Any], think: str, as_object: bool = False) -> str:
+    """A call_tool turn; ``as_object``: the tool's arguments as a JSON object rather than the
+    JSON string the meta-tool declares (the loop and the format rules accept both)."""
+    return tool_call_text(CALL_TOOL, {"tool_name": tool, "arguments": arguments if as_object
+                                      else json.dumps(arguments)}, think)
 
 
 def final_text(answer: str, think: str) -> str:

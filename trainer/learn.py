@@ -62,6 +62,15 @@ class EpisodeSettings(BaseModel):
     max_tool_chars: int = Field(default=120, ge=100)
     max_new_tokens: int = Field(default=96, ge=1)
     brief_reasoning: bool = Field(default=True, description="reference turns reason in two words")
+    restate_step: bool = Field(default=False, description="a reference call's reasoning repeats the "
+                               "request's 'Step k: ...' sentence (the call then copies nearby text)")
+    object_arguments: bool = Field(default=False, description="reference calls give call_tool's "
+                                   "arguments as a JSON object, as the request writes them")
+
+    def reference_style(self) -> dict[str, bool]:
+        """How the reference turns are written (``trainer.policy.ScriptedPolicy``'s options)."""
+        return {"brief": self.brief_reasoning, "restate": self.restate_step,
+                "object_arguments": self.object_arguments}
 
 
 class SFTConfig(BaseModel):
@@ -186,7 +195,7 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
     report: dict[str, Any] = {"seed": cfg.seed, "writer": suite.manifest["writer"], "suite": {
         "key": suite.manifest["key"], "counts": suite.manifest["counts"]},
         "evals": {}, "config": cfg.model_dump()}
-    texts = tokenizer_texts(catalog, train, cfg.episode.brief_reasoning)
+    texts = tokenizer_texts(catalog, train, cfg.episode.reference_style())
     init = new_model(out / "model_init", texts, cfg.model, cfg.seed)
     model, tokenizer = load_model(init, dtype="float32")
     report["parameters"] = sum(p.numel() for p in model.parameters())
@@ -259,7 +268,7 @@ class _Run:
         jobs = train if s.share >= 1 else sorted(random.Random("sft-share").sample(
             train, max(1, round(s.share * len(train)))))
         samples = asyncio.run(reference_samples(self.farm_url, self.catalog, jobs, self.episode_cfg,
-                                                self.tokenizer, self.cfg.episode.brief_reasoning))
+                                                self.tokenizer, self.cfg.episode.reference_style()))
         probe = sorted(random.Random("sft-probe").sample(jobs, min(s.probe_tasks, len(jobs))))
         curve: list[dict[str, Any]] = []
 

@@ -23,14 +23,15 @@ from trainer.batched import BatchedPolicy, run_lockstep
 from trainer.episode import EpisodeConfig, EpisodeResult
 
 
-def tokenizer_texts(catalog: Any, jobs: Sequence[tuple[str, int]], brief: bool) -> list[str]:
+def tokenizer_texts(catalog: Any, jobs: Sequence[tuple[str, int]], style: dict[str, bool]) -> list[str]:
     """What the tokenizer learns from: the catalog's own text and the given tasks' requests and
-    reference turns (pass the train tasks only: held-out text never shapes the vocabulary)."""
+    reference turns (pass the train tasks only: held-out text never shapes the vocabulary).
+    ``style``: the reference turns' (``ScriptedPolicy``'s brief, restate, object_arguments)."""
     from trainer.format import BRIEF_SYSTEM
     from trainer.policy import ScriptedPolicy, TurnContext
     from trainer.tiny_model import corpus
 
-    script = ScriptedPolicy.from_catalog(catalog, brief=brief)
+    script = ScriptedPolicy.from_catalog(catalog, **style)
     texts = [*corpus(), BRIEF_SYSTEM]
     for env, idx in jobs:
         task = catalog[env].tasks[idx]
@@ -67,8 +68,9 @@ def new_model(out: Path, texts: list[str], spec: Any, seed: int) -> Path:
 
 
 async def reference_samples(farm_url: str, catalog: Any, jobs: Sequence[tuple[str, int]],
-                            episode_cfg: EpisodeConfig, tokenizer: Any, brief: bool) -> list[list[Any]]:
-    """The tasks' reference solutions through the agent loop: per task, one sample per turn."""
+                            episode_cfg: EpisodeConfig, tokenizer: Any, style: dict[str, bool]) -> list[list[Any]]:
+    """The tasks' reference solutions through the agent loop (turns written in ``style``: see
+    :func:`tokenizer_texts`): per task, one sample per turn."""
     from envfarm.client import Farm
     from trainer.policy import ScriptedPolicy
     from trainer.rollout import run_rollouts
@@ -76,7 +78,7 @@ async def reference_samples(farm_url: str, catalog: Any, jobs: Sequence[tuple[st
 
     whole = dataclasses.replace(episode_cfg, max_turns=64)  # a reference is never cut short
     async with Farm(farm_url) as farm:
-        results = await run_rollouts(farm, ScriptedPolicy.from_catalog(catalog, brief=brief), jobs,
+        results = await run_rollouts(farm, ScriptedPolicy.from_catalog(catalog, **style), jobs,
                                      concurrency=32, config=whole)
     failed = [(r.env, r.task_idx, r.reason) for r in results if not r.success]
     if failed:

@@ -13,6 +13,7 @@ log-probabilities training needs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -68,17 +69,26 @@ class ScriptedPolicy:
     name = "scripted"
 
     def __init__(self, solutions: dict[tuple[str, int], list],
-                 answers: dict[tuple[str, int], str] | None = None, *, brief: bool = False) -> None:
+                 answers: dict[tuple[str, int], str] | None = None, *, brief: bool = False,
+                 restate: bool = False, object_arguments: bool = False) -> None:
         self.solutions = solutions  # (env, task_idx) -> list[envfarm.ToolCall]
         self.answers = answers or {}  # (env, task_idx) -> stored reference final answer
         self.brief = brief  # two-word reasoning ("Step 2."): what a tiny model imitates cheaply
+        # restate: a call's reasoning repeats the request's own "Step k: ..." sentence, so the
+        # call that follows copies from the text just written (a tiny model copies nearby text
+        # far more easily than it finds step k in the request); object_arguments: call_tool's
+        # arguments as a JSON object, token for token what the request wrote (a string would
+        # escape every quote)
+        self.restate, self.object_arguments = restate, object_arguments
 
     @classmethod
-    def from_catalog(cls, catalog, *, brief: bool = False) -> ScriptedPolicy:
+    def from_catalog(cls, catalog, *, brief: bool = False, restate: bool = False,
+                     object_arguments: bool = False) -> ScriptedPolicy:
         return cls({(name, idx): calls for name in catalog.names
                     for idx, calls in catalog[name].solutions.items()},
                    {(name, idx): answer for name in catalog.names
-                    for idx, answer in catalog[name].solution_answers.items()}, brief=brief)
+                    for idx, answer in catalog[name].solution_answers.items()}, brief=brief,
+                   restate=restate, object_arguments=object_arguments)
 
     def has(self, env: str, task_idx: int | None) -> bool:
         return task_idx is not None and (env, task_idx) in self.solutions
@@ -96,12 +106,21 @@ class ScriptedPolicy:
                                   "First I list the tools I can use.")
         elif ctx.turn <= len(calls):
             call = calls[ctx.turn - 1]
-            text = call_tool_text(call.tool, call.arguments, f"Step {ctx.turn}." if self.brief else
-                                  f"Step {ctx.turn} of the plan: call {call.tool}.")
+            think = (f"Step {ctx.turn}." if self.brief else
+                     f"Step {ctx.turn} of the plan: call {call.tool}.")
+            if self.restate:
+                think = request_step(ctx.task, ctx.turn) or think
+            text = call_tool_text(call.tool, call.arguments, think, as_object=self.object_arguments)
         else:
             answer = self.answers.get((ctx.env, ctx.task_idx), "The task is done.")
             text = final_text(answer, "Done." if self.brief else "Every step succeeded; I can answer.")
         return text
+
+
+def request_step(task: str, k: int) -> str | None:
+    """The sentence ``Step k: ...`` of a numbered request (the template writer's), or None."""
+    match = re.search(rf"(?:^|\s)(Step {k}: .*?)(?=\s+Step \d+: |\s*$)", task, re.S)
+    return match.group(1) if match else None
 
 
 class OpenAIPolicy:

@@ -172,7 +172,7 @@ async def _env_episodes(cfg: SuiteConfig, bundle: Any, sandbox: Any, gate: Gate 
     """The env's gated episodes with their draw, in chain order; and what was dropped, by reason."""
     from collections import Counter
 
-    from envfarm.runtime import EnvRuntime
+    from envfarm import EnvRuntime
     from synth.factory.chains import sample_chains
     from synth.factory.dbvalues import db_columns
     from synth.factory.graph import build_graph

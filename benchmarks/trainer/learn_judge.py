@@ -42,7 +42,7 @@ def verdict_of(req: SeenRequest) -> str:
 
 
 def main() -> None:
-    from envfarm.compose import LocalFarm
+    from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
     from trainer.learn import LearnConfig, prepare, run
 

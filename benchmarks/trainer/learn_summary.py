@@ -2,10 +2,10 @@
 mean and standard deviation, whether issue 31's target is met, CPU and wall time; one figure.
 
     python benchmarks/trainer/learn_summary.py runs/learn_s0 runs/learn_s1 runs/learn_s2 \\
-        --name learn_cpu --plot docs/learning_cpu.png
+        --name learn_cpu --plot docs/img/learning-cpu.png
 
-Writes ``benchmarks/results/<name>_seed<N>.json`` (each run's learn.json) and
-``benchmarks/results/<name>_summary.json``. The target: held-out success, greedy AND sampled at
+Writes ``benchmarks/results/learning/<name>_seed<N>.json`` (each run's learn.json) and
+``benchmarks/results/learning/<name>_summary.json``. The target: held-out success, greedy AND sampled at
 T = 1, after GRPO exceeds after SFT by >= 10 points on the mean over the seeds and by more than
 twice the seeds' standard deviation of that gain; train success rises too.
 """
@@ -65,7 +65,8 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
     reports = [json.loads((run / "learn.json").read_text()) for run in args.runs]
-    results = REPO / "benchmarks" / "results"
+    results = REPO / "benchmarks" / "results" / "learning"
+    results.mkdir(parents=True, exist_ok=True)
     for report in reports:
         (results / f"{args.name}_seed{report['seed']}.json").write_text(json.dumps(report, indent=1) + "\n")
     g = gains(reports)

@@ -43,7 +43,7 @@ def test_held_out_values_leave_their_chain_in_training() -> None:
 @pytest.mark.slow
 def test_a_small_suite_is_gated_split_and_served(tmp_path, bundled_catalog) -> None:
     from envfarm import load_catalog
-    from envfarm.compose import LocalFarm
+    from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
     from trainer.episode import EpisodeConfig
     from trainer.policy import ScriptedPolicy
