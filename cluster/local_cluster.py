@@ -23,6 +23,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -45,10 +46,30 @@ LOCAL_TENANT = "local"
 LOCAL_DRAIN = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 
+#: Ports handed to the nodes come from below the kernel's ephemeral range (32768-60999 here) and
+#: above Ray's worker ports (10002-19999): a port the kernel picked (bind to 0) is free now but may
+#: be given to one of Ray's own sockets before HAProxy binds it, which crashed a node's HAProxy
+#: ("Address already in use" on its stats port) and left that node without an ingress.
+_NODE_PORTS = range(20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on loopback now, outside the ranges the kernel and Ray pick from, and never
+    the same twice in this process."""
+    start = random.randrange(len(_NODE_PORTS))
+    for i in range(len(_NODE_PORTS)):
+        port = _NODE_PORTS[(start + i) % len(_NODE_PORTS)]
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_NODE_PORTS.start}-{_NODE_PORTS.stop - 1}")
 
 
 # -- what the manifest says ---------------------------------------------------------------------
