@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
-import secrets
 import time
-from collections import OrderedDict
 
 from envfarm.catalog import Catalog, load_catalog, normalize_name
 from envfarm.confined.runtime import EnvRuntime
@@ -31,7 +29,7 @@ from envfarm.errors import (
 )
 from envfarm.farm._capability import mcp_path
 from envfarm.farm._config import FarmConfig
-from envfarm.farm._lease import LeaseRecord
+from envfarm.farm._lease import LeaseRecord, LeaseTable
 from envfarm.farm._loader import EnvLoader
 from envfarm.farm._metrics import FarmMetrics
 from envfarm.farm._quarantine import Quarantine, QuarantineCollector
@@ -58,9 +56,7 @@ from envfarm.wire import (
     ReleaseStatus,
     VerifyRequest,
     VerifyResponse,
-    new_lease_id,
     new_owner_tag,
-    owner_of,
 )
 from envfarm.worker import InstanceClosed, WorkerLost
 
@@ -102,9 +98,8 @@ class FarmCore:
             evict_idle_s=config.evict_idle_s, problems=self.problems,
             max_loaded=config.max_loaded_types, retry_s=config.broken_retry_s,
             catalog_changed=self.loader.catalog_changed)
-        self.leases: dict[str, LeaseRecord] = {}
-        self._idempotent: dict[tuple[str, str, str], str] = {}  # (tenant, env, key) -> lease
-        self._closed: OrderedDict[str, str] = OrderedDict()  # lease id -> why it closed
+        self.table = LeaseTable(self.owner, config.leases)
+        self.leases = self.table.open  # open leases by id
         self.verifier = LazyVerifier(verifier)
         self.verify_gate = VerifyGate(verify_slots)
         self.metrics = FarmMetrics(self.owner, self.pool_stats, lambda: len(self.leases),
@@ -223,9 +218,9 @@ class FarmCore:
         """``key``: the caller's farm API key."""
         tenant = self.tenants.identify(key)
         name = self.served_name(env)  # unknown env: 404 before any quota is used
-        known = self._idempotent.get((tenant, name, req.idempotency_key or ""))
-        if known is not None and known in self.leases:  # a repeat: no quota used
-            return self._info(self.leases[known], mcp_prefix)
+        known = self.table.made_by(tenant, name, req.idempotency_key)
+        if known is not None:  # a repeat: no quota used
+            return self._info(known, mcp_prefix)
         self.tenants.admit_leases(tenant)  # reserves one lease of the tenant's quota
         opened = False
         try:
@@ -243,8 +238,7 @@ class FarmCore:
         name = self.served_name(env)
         keys = [None if req.idempotency_key is None else f"{req.idempotency_key}-{i}"
                 for i in range(count)]
-        fresh = sum(k is None or self._idempotent.get((tenant, name, k)) not in self.leases
-                    for k in keys)
+        fresh = sum(self.table.made_by(tenant, name, k) is None for k in keys)
         self.tenants.admit_leases(tenant, fresh)
         out, opened = [], 0
         try:
@@ -263,10 +257,9 @@ class FarmCore:
         repeat gets the lease its key made."""
         started = time.perf_counter()
         name = self.served_name(env)
-        if req.idempotency_key is not None:
-            known = self._idempotent.get((tenant, name, req.idempotency_key))
-            if known is not None and known in self.leases:
-                return self._info(self.leases[known], mcp_prefix), False
+        known = self.table.made_by(tenant, name, req.idempotency_key)
+        if known is not None:
+            return self._info(known, mcp_prefix), False
         tasks = self.catalog[name].tasks
         if req.task_idx is not None and req.task_idx >= len(tasks):
             raise TaskNotFound(f"env {name!r} has {len(tasks)} tasks; no task_idx {req.task_idx}",
@@ -278,11 +271,10 @@ class FarmCore:
             instance = await served.acquire(tenant, req.task_idx)
         finally:
             self.registry.unpin(name)
-        if req.idempotency_key is not None:  # made meanwhile, by a request with the same key
-            known = self._idempotent.get((tenant, name, req.idempotency_key))
-            if known is not None and known in self.leases:
-                served.release(instance)
-                return self._info(self.leases[known], mcp_prefix), False
+        known = self.table.made_by(tenant, name, req.idempotency_key)  # made meanwhile?
+        if known is not None:
+            served.release(instance)
+            return self._info(known, mcp_prefix), False
         lease = self._register(name, instance, req.task_idx, req.ttl_s, req.idempotency_key,
                                tenant)
         self.metrics.lease_events.labels(name, "created").inc()
@@ -293,17 +285,8 @@ class FarmCore:
                   ttl_s: float | None, idempotency_key: str | None, tenant: str
                   ) -> LeaseRecord:
         """Enter a new lease on ``instance`` in the table (its tenant's quota was admitted)."""
-        policy = self.config.leases
-        ttl = min(ttl_s or policy.default_ttl_s, policy.max_ttl_s)
-        lease = LeaseRecord(lease_id=new_lease_id(self.owner), env=name,
-                            token=secrets.token_urlsafe(24), instance=instance,
-                            task_idx=task_idx, expires_at=time.time() + ttl,
-                            idle_timeout_s=min(policy.idle_timeout_s, ttl),
-                            idempotency_key=idempotency_key, tenant=tenant)
-        self.leases[lease.lease_id] = lease
+        lease = self.table.add(name, instance, task_idx, ttl_s, idempotency_key, tenant)
         self.tenants.opened(tenant)
-        if idempotency_key is not None:
-            self._idempotent[(tenant, name, idempotency_key)] = lease.lease_id
         return lease
 
     async def fork(self, parent: LeaseRecord, req: ForkRequest, mcp_prefix: str = ""
@@ -317,9 +300,9 @@ class FarmCore:
         if getattr(served, "per_lease", False):
             raise LeaseError(f"env {parent.env!r} keeps module-level state, which a fork cannot "
                              "copy (only the database): it cannot be forked", env=parent.env)
-        key = (parent.tenant, parent.env, req.idempotency_key or "")
-        if self._idempotent.get(key) in self.leases:  # a repeat: the fork it made
-            return self._info(self.leases[self._idempotent[key]], mcp_prefix)
+        known = self.table.made_by(parent.tenant, parent.env, req.idempotency_key)
+        if known is not None:  # a repeat: the fork it made
+            return self._info(known, mcp_prefix)
         self.quarantine.admit(parent.env, parent.task_idx)  # a fork is a new lease of the task
         self.tenants.admit_leases(parent.tenant)
         opened = False
@@ -406,37 +389,23 @@ class FarmCore:
         self.tenants.admit_call(lease.tenant)
 
     def _missing(self, lease_id: str) -> EnvfarmError:
-        why = self._closed.get(lease_id)
-        if why is not None:
-            reason = "lease_lost" if why.startswith("lease_lost:") else why
-            return LeaseGone(f"lease {lease_id} is closed: {why}; start a new lease",
-                             lease_id=lease_id, reason=reason)
-        owner = owner_of(lease_id)
-        if owner and owner != self.owner:
-            return LeaseGone(f"lease {lease_id} belongs to replica {owner!r}, which is gone; its "
-                             "state is lost, start a new lease", lease_id=lease_id, owner=owner)
-        return LeaseNotFound(f"no lease {lease_id}", lease_id=lease_id)
+        return self.table.missing(lease_id)
 
     def release(self, env: str | None, lease_id: str, token: str | None) -> ReleaseResponse:
         """Idempotent: ``closed`` the first time, ``already_closed`` after."""
         try:
             lease = self.lease(env, lease_id, token)
         except LeaseGone:
-            if lease_id in self._closed:
+            if self.table.closed_why(lease_id) is not None:
                 return ReleaseResponse(lease_id=lease_id, status=ReleaseStatus.already_closed)
             raise
         self._close(lease, "released by its holder")
         return ReleaseResponse(lease_id=lease_id, status=ReleaseStatus.closed)
 
     def _close(self, lease: LeaseRecord, why: str) -> None:
-        if self.leases.pop(lease.lease_id, None) is None:
+        if not self.table.remove(lease, why):
             return
-        if lease.idempotency_key is not None:
-            self._idempotent.pop((lease.tenant, lease.env, lease.idempotency_key), None)
         self.tenants.closed(lease.tenant)
-        self._closed[lease.lease_id] = why
-        while len(self._closed) > self.config.leases.tombstones:
-            self._closed.popitem(last=False)
         self.envs[lease.env].release(lease.instance)
         self.registry.touch(lease.env)
         self.metrics.lease_events.labels(lease.env, why.split(" ")[0]).inc()
