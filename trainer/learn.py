@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.config import TrainConfig
+from trainer.induction import CopyWarmup
 from trainer.suite import Suite, SuiteConfig
 
 
@@ -107,6 +108,8 @@ class LearnConfig(BaseModel):
     suite: SuiteConfig = Field(default_factory=SuiteConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     episode: EpisodeSettings = Field(default_factory=EpisodeSettings)
+    warmup: CopyWarmup = Field(default_factory=CopyWarmup, description="copy rows before SFT "
+                               "(trainer/induction.py)")
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     grpo: dict[str, Any] = Field(default_factory=dict, description="TrainConfig settings of the "
@@ -201,6 +204,7 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
     report["parameters"] = sum(p.numel() for p in model.parameters())
     ctx = _Run(cfg, farm_url, catalog, model, tokenizer, evals, clock, report, log)
     ctx.evaluate("init", sampled=False)
+    ctx.warm_up(texts)
     ctx.supervised(train)
     model.save_pretrained(out / "model_sft")
     tokenizer.save_pretrained(out / "model_sft")
@@ -259,6 +263,19 @@ class _Run:
         self.clock.stage(f"eval_{stage}", wall0, cpu0)
         self.log(json.dumps({"stage": stage, **{f"{mode}_{split}": round(v["success_rate"] or 0.0, 3)
                                                 for mode, r in result.items() for split, v in r.items()}}))
+
+    def warm_up(self, texts: list[str]) -> None:
+        from trainer.induction import chance, copy_warmup, token_pool
+
+        if self.cfg.warmup.steps == 0:
+            return
+        wall0, cpu0 = time.perf_counter(), _cpu()
+        pool = token_pool(self.tokenizer, texts)
+        curve = copy_warmup(self.model, pool, self.cfg.warmup, self.cfg.seed)
+        self.report["warmup"] = {"pool": len(pool), "chance": chance(pool), "loss_per_100": curve}
+        self.clock.stage("warmup", wall0, cpu0)
+        self.log(json.dumps({"warmup_steps": self.cfg.warmup.steps, "chance": round(chance(pool), 3),
+                             "loss_first": round(curve[0], 3), "loss_last": round(curve[-1], 3)}))
 
     def supervised(self, train: list[tuple[str, int]]) -> None:
         from trainer.learn_steps import reference_samples, sft

@@ -47,6 +47,7 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
                            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
                   "vocab_size": 400},
         "episode": {"max_new_tokens": 12, "max_turns": 3},
+        "warmup": {"steps": 30, "batch": 4, "length": 32},
         "sft": {"epochs": 2, "stop_at": 0.0, "probe_tasks": 2},
         "eval": {"every": 1, "train_tasks": 3},
         "grpo": {"steps": 2, "batch_size": 2, "group_size": 2, "micro_batch": 4}})
@@ -58,6 +59,10 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
     held = len(suite.jobs("heldout"))
     for mode in report["evals"]["grpo"].values():
         assert mode["train"]["episodes"] == 3 and mode["all"]["episodes"] == 3 + held
+    # the copy warm-up ran before SFT, on the tokens of the train texts (chance: ln of the pool)
+    warm = report["warmup"]
+    assert len(warm["loss_per_100"]) == 1 and warm["pool"] > 20 and warm["chance"] > 3
+    assert report["cpu_seconds"]["warmup"] > 0
     # SFT saw train tasks only, and stopped after its first probe (stop_at 0)
     assert report["sft"]["tasks"] == len(suite.jobs("train")) and report["sft"]["epochs"] == 1
     assert len(report["sft"]["probe"]) == 1
