@@ -86,13 +86,16 @@ def learn(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
                                                        help="Override out_dir.")] = None,
           threads: Annotated[int | None, typer.Option("--threads", help="Override threads (torch "
                                                       "threads; 1 per seed when seeds share cores).")] = None,
+          start_from: Annotated[Path | None, typer.Option(
+              "--start-from", exists=True, file_okay=False,
+              help="A saved SFT model (a learn run's model_sft): GRPO from it, no warm-up or SFT.")] = None,
           ) -> None:
     """SFT to partial competence, then pure GRPO, on a task suite built from the bundled envs;
     the model's own success (greedy and sampled) on train and held-out tasks at each stage."""
     from trainer.learn import LearnConfig, prepare, run
 
     cfg = LearnConfig.from_yaml(config, seed=seed, out_dir=str(out_dir) if out_dir else None,
-                                threads=threads)
+                                threads=threads, start_from=str(start_from) if start_from else None)
     suite = prepare(cfg, log=console.print)
     with farm_url(farm, str(suite.catalog), suite.envs, warm=16) as url:
         report = run(cfg, url, suite, log=console.print)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class CopyWarmup(BaseModel):
@@ -31,6 +31,15 @@ class CopyWarmup(BaseModel):
     batch: int = Field(default=32, ge=1)
     length: int = Field(default=128, ge=32, description="tokens per row")
     span: tuple[int, int] = Field(default=(6, 24), description="copied span length, min and max")
+
+    @model_validator(mode="after")
+    def _fits(self) -> CopyWarmup:
+        lo, hi = self.span
+        if not 2 <= lo <= hi:
+            raise ValueError(f"span {self.span}: need 2 <= min <= max (the first token is not scored)")
+        if 2 * hi > self.length:
+            raise ValueError(f"a row of {self.length} tokens cannot hold a span of {hi} twice")
+        return self
 
 
 def token_pool(tokenizer: Any, texts: Sequence[str]) -> list[int]:

@@ -105,6 +105,8 @@ class LearnConfig(BaseModel):
     out_dir: str = "runs/learn"
     seed: int = 0
     threads: int = Field(default=2, ge=1)
+    start_from: str | None = Field(default=None, description="a saved SFT model (a learn run's "
+                                   "model_sft folder): skip the warm-up and SFT, GRPO from it")
     suite: SuiteConfig = Field(default_factory=SuiteConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     episode: EpisodeSettings = Field(default_factory=EpisodeSettings)
@@ -198,18 +200,22 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
     report: dict[str, Any] = {"seed": cfg.seed, "writer": suite.manifest["writer"], "suite": {
         "key": suite.manifest["key"], "counts": suite.manifest["counts"]},
         "evals": {}, "config": cfg.model_dump()}
-    texts = tokenizer_texts(catalog, train, cfg.episode.reference_style())
-    init = new_model(out / "model_init", texts, cfg.model, cfg.seed)
-    model, tokenizer = load_model(init, dtype="float32")
+    if cfg.start_from is None:
+        texts = tokenizer_texts(catalog, train, cfg.episode.reference_style())
+        init = new_model(out / "model_init", texts, cfg.model, cfg.seed)
+        model, tokenizer = load_model(init, dtype="float32")
+    else:
+        model, tokenizer = load_model(cfg.start_from, dtype="float32")
     report["parameters"] = sum(p.numel() for p in model.parameters())
     ctx = _Run(cfg, farm_url, catalog, model, tokenizer, evals, clock, report, log)
-    ctx.evaluate("init", sampled=False)
-    ctx.warm_up(texts)
-    ctx.supervised(train)
-    model.save_pretrained(out / "model_sft")
-    tokenizer.save_pretrained(out / "model_sft")
+    if cfg.start_from is None:
+        ctx.evaluate("init", sampled=False)
+        ctx.warm_up(texts)
+        ctx.supervised(train)
+        model.save_pretrained(out / "model_sft")
+        tokenizer.save_pretrained(out / "model_sft")
     ctx.evaluate("sft")
-    ctx.grpo(out / "model_sft", suite)
+    ctx.grpo(Path(cfg.start_from) if cfg.start_from else out / "model_sft", suite)
     ctx.evaluate("grpo")
     report.update(clock.report())
     (out / "learn.json").write_text(json.dumps(report, indent=1))

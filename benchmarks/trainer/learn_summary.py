@@ -4,6 +4,10 @@ mean and standard deviation, whether issue 31's target is met, CPU and wall time
     python benchmarks/trainer/learn_summary.py runs/learn_s0 runs/learn_s1 runs/learn_s2 \\
         --name learn_cpu --plot docs/img/learning-cpu.png
 
+A run given as ``SFT_RUN+GRPO_RUN`` is one seed whose GRPO was run again from its SFT model
+(``envfarm learn --start-from SFT_RUN/model_sft``): its stages up to SFT come from the first,
+GRPO and the last evaluation from the second.
+
 Writes ``benchmarks/results/learning/<name>_seed<N>.json`` (each run's learn.json) and
 ``benchmarks/results/learning/<name>_summary.json``. The target: held-out success, greedy AND sampled at
 T = 1, after GRPO exceeds after SFT by >= 10 points on the mean over the seeds and by more than
@@ -56,15 +60,35 @@ def gains(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def load(arg: str) -> dict[str, Any]:
+    """A run's learn.json, or ``SFT_RUN+GRPO_RUN`` merged (see the module doc)."""
+    first, _, second = arg.partition("+")
+    report = json.loads((Path(first) / "learn.json").read_text())
+    if not second:
+        return report
+    grpo = json.loads((Path(second) / "learn.json").read_text())
+    if grpo.get("config", {}).get("start_from") is None or grpo["seed"] != report["seed"]:
+        raise SystemExit(f"{second}: not a --start-from run of seed {report['seed']}")
+    merged = {**report, "evals": {**report["evals"], "grpo": grpo["evals"]["grpo"]},
+              "grpo_curve": grpo["grpo_curve"], "grpo_run": second,
+              "config": {**report["config"], "grpo": grpo["config"]["grpo"]}}
+    for key in ("seconds", "cpu_seconds"):
+        stages = {k: v for k, v in report[key].items() if k not in ("grpo", "eval_grpo", "total")}
+        stages.update({k: grpo[key][k] for k in ("grpo", "eval_grpo")})
+        merged[key] = {**stages, "total": sum(stages.values())}
+    return merged
+
+
 def main() -> None:
     from trainer.learn_plot import plot_seeds
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="out_dir of each seed's run (holding learn.json)")
+    ap.add_argument("runs", nargs="+", help="out_dir of each seed's run (holding learn.json), or "
+                    "SFT_RUN+GRPO_RUN")
     ap.add_argument("--name", default="learn_cpu")
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
-    reports = [json.loads((run / "learn.json").read_text()) for run in args.runs]
+    reports = [load(run) for run in args.runs]
     results = REPO / "benchmarks" / "results" / "learning"
     results.mkdir(parents=True, exist_ok=True)
     for report in reports:

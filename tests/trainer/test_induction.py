@@ -52,3 +52,13 @@ def test_warmup_trains_the_model_on_copy_rows(tiny_model) -> None:
     assert copy_warmup(model, pool, CopyWarmup(steps=0), seed=0) == []
     with pytest.raises(ValueError, match="at least 2 tokens"):
         copy_warmup(model, [7], CopyWarmup(steps=1), seed=0)
+
+
+def test_settings_that_cannot_make_a_row_are_refused() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="cannot hold a span of 24 twice"):
+        CopyWarmup(length=40)
+    with pytest.raises(ValidationError, match="min <= max"):
+        CopyWarmup(span=(8, 4))
+    assert CopyWarmup(length=48).span == (6, 24)

@@ -47,13 +47,20 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
                            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
                   "vocab_size": 400},
         "episode": {"max_new_tokens": 12, "max_turns": 3},
-        "warmup": {"steps": 30, "batch": 4, "length": 32},
+        "warmup": {"steps": 30, "batch": 4, "length": 32, "span": [3, 6]},
         "sft": {"epochs": 2, "stop_at": 0.0, "probe_tasks": 2},
         "eval": {"every": 1, "train_tasks": 3},
         "grpo": {"steps": 2, "batch_size": 2, "group_size": 2, "micro_batch": 4}})
     suite = prepare(cfg, log=lambda line: None)
     with LocalFarm(FarmConfig(catalog=str(suite.catalog), envs=suite.envs, pool=PoolConfig(warm=2))) as farm:
         report = run(cfg, farm.url, suite, log=lambda line: None)
+        # GRPO again from the saved SFT model: no warm-up or SFT, the same "sft" evaluation
+        again = run(cfg.model_copy(update={"out_dir": str(tmp_path / "again"),
+                                           "start_from": str(tmp_path / "learn" / "model_sft")}),
+                    farm.url, suite, log=lambda line: None)
+    assert list(again["evals"]) == ["sft", "grpo"] and "warmup" not in again and "sft" not in again
+    assert again["evals"]["sft"]["greedy"] == report["evals"]["sft"]["greedy"]
+    assert [r["step"] for r in again["grpo_curve"]] == [0, 1]
     assert list(report["evals"]) == ["init", "sft", "grpo"]
     assert list(report["evals"]["init"]) == ["greedy"] and list(report["evals"]["grpo"]) == ["greedy", "sampled"]
     held = len(suite.jobs("heldout"))
