@@ -55,9 +55,9 @@ def run_one(config: Path, out: Path, start_from: str, threads: int, grpo: dict[s
 
 
 def rate(report: dict[str, Any], stage: str, mode: str, held: bool) -> float:
-    got = report["evals"][stage][mode]
-    parts = [got[s] for s in (("heldout_values", "heldout_chains") if held else ("train",)) if s in got]
-    return sum(p["successes"] for p in parts) / max(1, sum(p["valid"] for p in parts))
+    from benchmarks.trainer.learn_summary import heldout, train
+
+    return (heldout if held else train)(report, stage, mode)
 
 
 def main() -> None:
