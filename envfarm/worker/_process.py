@@ -31,6 +31,9 @@ from envfarm.worker._spawn import WorkerLost, end_confined, exit_reason, spawn_c
 
 #: Bytes the front buffers for a worker that does not read them before giving up on it.
 MAX_PENDING_WRITE = 64 << 20
+#: Bytes of a worker's stderr the front keeps (the last ones): what a worker that failed to
+#: start said, e.g. the module its interpreter could not import.
+STDERR_TAIL = 2000
 #: Requests whose caller went away, remembered so their late answers are not taken for forgeries.
 MAX_ABANDONED = 100_000
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
@@ -79,9 +82,12 @@ class WorkerProcess:
         self.index = next(WorkerProcess._ids)
         cmd = [sys.executable, "-s", "-B", "-m", "envfarm.confined",
                json.dumps(config)]
+        # Its stderr comes to the front (unless it goes to the front's own, for debugging),
+        # which keeps its tail: a worker that dies at start says why.
         self.proc = spawn_confined(
             cmd, env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            pipes=True, stderr=stderr)
+            pipes=True, stderr=True if stderr else "pipe")
+        self._stderr_tail = bytearray()
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
         self._reaper = host_finalizer(self, end_confined, self.proc)
@@ -135,14 +141,40 @@ class WorkerProcess:
             self.kill("did not start in time")
             raise WorkerStartError(f"env worker did not start within {timeout_s:g} s") from None
         except (EOFError, BrokenPipeError, frames.FrameError) as exc:
+            reason = self._exit_reason_now()
+            said = self.stderr_tail()
             self.kill("start failed")
             raise WorkerStartError(
-                f"env worker failed to start: {self._exit_reason_now()}"
-                f" ({type(exc).__name__}: {str(exc)[:200]})") from None
+                f"env worker failed to start: {reason} ({type(exc).__name__}: {str(exc)[:200]})"
+                + (f"; its stderr ends: {said}" if said else "")) from None
         if not reply.get("ok"):
             self.kill("env failed to load")
             raise WorkerStartError(str(reply.get("error") or "the env failed to load")[:2000])
         return reply, template
+
+    def stderr_tail(self) -> str:
+        """The last ``STDERR_TAIL`` bytes the worker wrote to its stderr so far (read now, without
+        blocking, where the loop does not watch it yet)."""
+        if self.proc.stderr is not None and self._loop is None:
+            self._read_stderr()
+        return self._stderr_tail.decode("utf-8", "replace").strip()
+
+    def _read_stderr(self) -> None:
+        fd = self.proc.stderr.fileno()
+        os.set_blocking(fd, False)
+        for _ in range(64):  # at most 16 MiB per wake-up; the rest at the next
+            try:
+                data = os.read(fd, 1 << 18)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                if self._loop is not None:
+                    self._loop.remove_reader(fd)
+                return
+            self._stderr_tail += data
+            del self._stderr_tail[:-STDERR_TAIL]
 
     def _exit_reason_now(self) -> str:
         try:
@@ -158,6 +190,8 @@ class WorkerProcess:
         for pipe in (self.proc.stdin, self.proc.stdout):
             os.set_blocking(pipe.fileno(), False)
         self._loop.add_reader(self.proc.stdout.fileno(), self._readable)
+        if self.proc.stderr is not None:  # drained as it comes: a full pipe would stall the worker
+            self._loop.add_reader(self.proc.stderr.fileno(), self._read_stderr)
 
     @property
     def attached(self) -> bool:
@@ -384,6 +418,8 @@ class WorkerProcess:
     def _unwatch_and_end(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_reader(self.proc.stdout.fileno())
         loop.remove_writer(self.proc.stdin.fileno())
+        if self.proc.stderr is not None:
+            loop.remove_reader(self.proc.stderr.fileno())
         self._reaper()  # waits for it, closes the pipes
 
     def alive(self) -> bool:

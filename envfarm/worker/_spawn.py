@@ -35,15 +35,16 @@ class WorkerLost(Exception):
 
 
 def spawn_confined(cmd: list[str], *, env: dict[str, str], pass_fds: Sequence[int] = (),
-                   pipes: bool = False, stderr: bool = False) -> subprocess.Popen:
+                   pipes: bool = False, stderr: bool | str = False) -> subprocess.Popen:
     """Start ``cmd``, a process that confines itself: from the spawner thread, in a session of
     its own, at ``/``, with ``env`` only and no descriptors but ``pass_fds`` and, where
-    ``pipes``, a pipe on its stdin and stdout (else /dev/null); its stderr is this process's
-    where ``stderr``, else /dev/null."""
+    ``pipes``, a pipe on its stdin and stdout (else /dev/null); its stderr is a pipe where
+    ``stderr == "pipe"``, this process's where ``stderr`` is true, else /dev/null."""
     io = subprocess.PIPE if pipes else subprocess.DEVNULL
+    err = subprocess.PIPE if stderr == "pipe" else None if stderr else subprocess.DEVNULL
     return _SPAWNER.submit(
         subprocess.Popen, cmd, stdin=io, stdout=io,
-        stderr=None if stderr else subprocess.DEVNULL, env=env, pass_fds=tuple(pass_fds),
+        stderr=err, env=env, pass_fds=tuple(pass_fds),
         close_fds=True, start_new_session=True, cwd="/").result()
 
 
@@ -65,7 +66,7 @@ def end_confined(proc: subprocess.Popen, *, group: bool = False) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-    for pipe in (proc.stdin, proc.stdout):
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is None:
             continue
         try:

@@ -235,6 +235,14 @@ async def set_pragma(name: str, value: str):
     session.execute(text(f"PRAGMA {name}={value}"))
     session.close()
     return {"set": name}
+
+
+@app.post("/c/chatter", operation_id="chatter")
+async def chatter(kib: int):
+    import sys
+    for _ in range(kib):  # debug output nobody reads, far more than a pipe holds
+        print("x" * 1023, file=sys.stderr)
+    return {"wrote_kib": kib}
 '''
 
 

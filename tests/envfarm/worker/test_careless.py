@@ -7,6 +7,8 @@ detected at load and get a worker per lease).
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -67,6 +69,22 @@ def test_pragmas_do_not_survive_reset_or_release(http):
     http.delete(a.path, headers=a.auth)
     for _ in range(3):  # whichever instance the worker gives next
         assert lease(http, "careless")("create_note", title="next lease")["ok"]
+
+
+def test_a_worker_that_writes_much_to_stderr_keeps_answering(http, farm):
+    """A worker's stderr comes to the front (it keeps the tail: a worker that dies at start
+    says why): the front drains it, so a chatty env never stalls on a full pipe."""
+    a = lease(http, "careless")
+    for _ in range(3):  # 3 MiB in all: a pipe holds 64 KiB
+        assert a("chatter", kib=1024)["result"] == {"wrote_kib": 1024}
+    assert a("create_note", title="still here")["ok"]
+    workers = list(farm.core.envs["careless"].workers)
+    for _ in range(50):  # the reply and the last of the output come on different pipes
+        if any(w.stderr_tail().endswith("x" * 1023) for w in workers):
+            break
+        time.sleep(0.05)
+    assert any(w.stderr_tail().endswith("x" * 1023) for w in workers)
+    assert all(len(w.stderr_tail()) <= 2000 for w in workers)
 
 
 def test_module_state_is_detected_at_load_and_isolated_per_lease(http, farm):
