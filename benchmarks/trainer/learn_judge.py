@@ -1,6 +1,7 @@
 """``envfarm learn`` on the LLM-judge reward path, against a MOCK judge model.
 
     python benchmarks/trainer/learn_judge.py --config trainer/configs/learn_cpu.yaml --seed 0 --out-dir runs/learn_judge_s0
+    python benchmarks/trainer/learn_judge.py --seed 0 --start-from runs/learn_s0/model_sft --out-dir runs/learn_judge_s0
 
 The same run as ``envfarm learn`` (suite, SFT, evaluations by the farm's code verifier), except
 that GRPO's rewards come from the paper's code-augmented LLM judge (``grpo.reward_path: llm``,
@@ -50,8 +51,13 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=REPO / "trainer" / "configs" / "learn_cpu.yaml")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--start-from", type=Path, default=None,
+                    help="a learn run's model_sft: GRPO (on the judge path) from it, no warm-up or SFT")
     args = ap.parse_args()
-    cfg = LearnConfig.from_yaml(args.config, seed=args.seed, out_dir=str(args.out_dir) if args.out_dir else None)
+    overrides = {"seed": args.seed, "out_dir": str(args.out_dir) if args.out_dir else None,
+                 "threads": args.threads, "start_from": str(args.start_from) if args.start_from else None}
+    cfg = LearnConfig.from_yaml(args.config, **overrides)
     suite = prepare(cfg)
     with MockOpenAI() as judge:
         judge.script(verdict_of, stage="judge", repeat=True)
