@@ -8,10 +8,12 @@ that GRPO's rewards come from the paper's code-augmented LLM judge (``grpo.rewar
 ``trainer/judging.py``): each finished episode's databases, trajectory and verifier go to a judge
 in the trainer process, whose model is the local mock OpenAI server (tests/fakes/mock_openai.py).
 No LLM runs here, so the mock reads what a judge model would read and answers the way a faithful
-one would: "Completed" when the facts of the task's sql-mode verifier (``synth.factory.sql_verifier``)
-in ``<verification_json>`` show every check passed, "Agent Error" otherwise. What this exercises is the judge path in the loop (databases
-taken, lease released, judged while rollouts go on, verdicts settled before the update), not a
-model's judgment. ``learn.json`` records ``"judge": "mock"`` and the judge requests it answered.
+one would (``tests/fakes/faithful_judge.py``): the task's criteria applied to the facts of its
+sql-mode verifier (``synth.factory.sql_verifier``) in ``<verification_json>``, "Completed" when
+no check failed and the final answer states the expected answer (where one is given) and no
+other candidate, "Agent Error" otherwise. What this exercises is the judge path in the loop
+(databases taken, lease released, judged while rollouts go on, verdicts settled before the
+update), not a model's judgment. ``learn.json`` records ``"judge": "mock"`` and the judge requests it answered.
 """
 
 from __future__ import annotations
@@ -24,28 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from synth.factory.verifier import states  # noqa: E402
-from tests.fakes.mock_openai import MockOpenAI, SeenRequest  # noqa: E402
-
-
-def verdict_of(req: SeenRequest) -> str:
-    """The faithful mock judge, the task's criteria (``synth.factory.sql_verifier.CRITERIA``)
-    applied to the sql-mode verifier's facts: Completed when no check failed, and where an
-    expected answer is given, the final answer states it (``states``: the code-mode verifier's
-    rule) and none of the other candidates. A read-only chain has no checks at all (nothing may
-    change, nothing did): its answer decides."""
-    text = req.last_user
-    task = json.loads(text.split("<task_json>\n", 1)[1].split("\n</task_json>", 1)[0])
-    block = text.split("<verification_json>\n", 1)[1].split("\n</verification_json>", 1)[0]
-    facts = json.loads(block).get("code_execution_result") or {}
-    done = facts.get("failed") == 0 and (bool(facts.get("passed")) or "expected_answer" in facts)
-    if "expected_answer" in facts:
-        answer = str(task.get("final_answer") or "")
-        done = (done and states(answer, facts["expected_answer"])
-                and not any(states(answer, o) for o in facts.get("other_candidates") or []))
-    label = "Completed" if done else "Agent Error"
-    return json.dumps({"reasoning": f"{facts.get('passed')} checks passed, {facts.get('failed')} failed",
-                       "classification": label, "confidence": 0.9, "evidence": {"checks": facts.get("checks")}})
+from tests.fakes.faithful_judge import verdict_of  # noqa: E402
+from tests.fakes.mock_openai import MockOpenAI  # noqa: E402
 
 
 def main() -> None:

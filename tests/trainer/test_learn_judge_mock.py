@@ -1,4 +1,4 @@
-"""The mock judge of ``benchmarks/trainer/learn_judge.py`` applies the sql-mode tasks' criteria
+"""The mock judge of ``benchmarks/trainer/learn_judge.py`` (``tests.fakes.faithful_judge``) applies the sql-mode tasks' criteria
 to the facts the judge is shown. Its first version read "passed" as a count that must be
 non-zero, so every read-only task (no checks: nothing may change) was an "Agent Error" whatever
 the answer, and the judge-path learning runs could only succeed on write tasks."""
@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from benchmarks.trainer.learn_judge import verdict_of
 from envfarm.models import Criteria
 from judge.llm_judge import build_messages
 from judge.sandbox import VerifierResult
 from synth.factory.sql_verifier import CRITERIA
+from tests.fakes.faithful_judge import verdict_of
 from tests.fakes.mock_openai import SeenRequest
 
 
