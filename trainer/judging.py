@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ from judge import (
 
 __all__ = ["EpisodeJudge", "from_config", "settle", "shared_judge"]
 
+#: Starting databases an ``EpisodeJudge`` keeps (one per task in use; the oldest go first).
+INITIAL_DBS = 256
+
 
 class EpisodeJudge:
     """Sends finished episodes to the judge; each ``submit`` returns a future verdict."""
@@ -59,7 +63,8 @@ class EpisodeJudge:
         self._gate = asyncio.Semaphore(max_in_flight)
         self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(
             max_connections=min(max_in_flight, 256))) if url else None
-        self._initial: dict[str, asyncio.Future[bytes]] = {}
+        #: (env, task) -> its starting database, newest last (at most ``INITIAL_DBS``)
+        self._initial: OrderedDict[tuple[str, int | None], asyncio.Future[bytes]] = OrderedDict()
         self._held: list[tuple[JudgeRequest, asyncio.Future[Verdict]]] = []
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -77,7 +82,7 @@ class EpisodeJudge:
                      trajectory: Trajectory, final_answer: str | None) -> asyncio.Future[Verdict]:
         """Take the databases while the lease is ours; the verdict comes later."""
         final = await lease.snapshot()
-        initial = await self._initial_db(lease, env)
+        initial = await self._initial_db(lease, env, task_idx)
         return self.submit_request(
             self.request(env, task_idx, trajectory, final_answer, initial, final))
 
@@ -106,15 +111,23 @@ class EpisodeJudge:
                             initial_db_b64=initial, final_db_b64=final, scenario=env,
                             task_idx=task_idx)
 
-    async def _initial_db(self, lease: Lease, env: str) -> bytes:
-        # Every instance of an env starts from the same template: fetch it once per env.
-        future = self._initial.get(env)
+    async def _initial_db(self, lease: Lease, env: str, task_idx: int | None) -> bytes:
+        # A task may start from a database of its own (an EnvFactory chain's, a synthesized
+        # task's), not the env's template: taken once per task (a GRPO group shares it), from
+        # the lease. Keyed by env alone, every episode of such a task was judged against
+        # another task's start, and the facts showed rows "changed" that the agent never saw.
+        key = (env, task_idx)
+        future = self._initial.get(key)
         if future is None:
-            future = self._initial[env] = asyncio.ensure_future(lease.snapshot("initial"))
+            future = self._initial[key] = asyncio.ensure_future(lease.snapshot("initial"))
+            while len(self._initial) > INITIAL_DBS:
+                self._initial.popitem(last=False)
+        else:
+            self._initial.move_to_end(key)
         try:
             return await asyncio.shield(future)
         except Exception:
-            self._initial.pop(env, None)  # the next episode tries again
+            self._initial.pop(key, None)  # the next episode tries again
             raise
 
     async def _judge(self, request: JudgeRequest) -> Verdict:

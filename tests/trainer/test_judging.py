@@ -240,3 +240,51 @@ async def test_a_grpo_step_on_judge_rewards(tmp_path, tiny_model, mock, monkeypa
     assert record["judge_wait_s"] >= 0 and record["groups_used"] == 1
     (req,) = mock.requests_for(stage="judge")
     assert blocks(req.last_user)[1]["mode"] == "sql"
+
+
+async def test_on_a_suite_the_judge_path_agrees_with_the_code_path(tmp_path, mock):
+    """EnvFactory tasks start from databases of their own. The judge path judged every episode
+    against the first task's start (its starting database was kept per env): with the faithful
+    judge every reference episode was an "Agent Error" there while the farm's code verifier
+    said "completed". Now each episode is judged against its own task's start: the two paths
+    agree, episode by episode, on the reference solutions (all pass) and on an agent that
+    stops a step short and answers wrongly (most fail)."""
+    from envfarm import EnvRuntime, load_catalog
+    from tests.fakes.faithful_judge import verdict_of
+    from trainer.suite import SuiteConfig, build_suite
+
+    suite = await asyncio.to_thread(  # it runs its own event loop
+        build_suite, SuiteConfig(envs=["personal_banking_1"], chains=6, draws=2,
+                                 heldout_chains=0.3, heldout_values=0.5,
+                                 dir=str(tmp_path / "suite")), log=lambda _: None)
+    catalog = load_catalog(suite.catalog)
+    env = "personal_banking_1"
+    jobs = [idx for _, idx in suite.jobs("train") + suite.jobs("heldout")]
+    reference = ScriptedPolicy.from_catalog(catalog)
+    short = ScriptedPolicy({(env, i): c[:-1] if len(c) > 1 else c
+                            for (e, i), c in reference.solutions.items() if e == env},
+                           {(env, i): "I could not find it." for i in jobs})
+    core = compose_core(FarmConfig(envs=[env], pool=PoolConfig(warm=2, max_instances=16)),
+                        catalog=catalog, runtimes={env: EnvRuntime(catalog[env])})
+    mock.script(verdict_of, stage="judge", repeat=True)
+    episode_judge = EpisodeJudge(catalog, judge=_llm_judge(mock))
+    judged = EpisodeConfig(tool_listing="names", judge=episode_judge)
+    by_code = EpisodeConfig(tool_listing="names")
+    app = build_app(core)
+    starts = set()
+    async with lifespan_running(app), Farm("http://farm", transport=ASGITransport(app)) as farm:
+        for idx in jobs:
+            async with farm.lease(env, task_idx=idx) as lease:
+                starts.add(await lease.snapshot("initial"))
+        runs = {(policy.name if policy is reference else "short", how): [
+                    await run_episode(farm, policy, env, idx, config=config) for idx in jobs]
+                for policy in (reference, short) for how, config in (("code", by_code),
+                                                                      ("judge", judged))}
+        await settle([r for results in runs.values() for r in results])
+    await episode_judge.aclose()
+    assert len(starts) > 1  # the point: tasks that do not share a start
+    outcomes = {key: [r.outcome for r in results] for key, results in runs.items()}
+    assert outcomes[("scripted", "code")] == ["completed"] * len(jobs), outcomes
+    assert outcomes[("scripted", "judge")] == outcomes[("scripted", "code")]
+    assert outcomes[("short", "judge")] == outcomes[("short", "code")], outcomes
+    assert outcomes[("short", "code")].count("agent_error") > len(jobs) // 2, outcomes
