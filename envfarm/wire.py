@@ -196,6 +196,10 @@ class LeaseInfo(_Wire):
     task: str | None = Field(default=None, description="The task text, when bound to one.")
     forked_from: str | None = Field(default=None, description=(
         "The lease this one is a fork of: it began with that lease's state and steps."))
+    direct_url: str | None = Field(default=None, description=(
+        "Behind a multi-replica pool's Door: the base URL of the listener of the replica that "
+        "owns this lease. A client inside the cluster may send the lease's requests there "
+        "(same paths, same token), past HAProxy and the Door; ``Farm(direct=True)`` does."))
 
 
 class ForkRequest(_Wire):

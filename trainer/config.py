@@ -74,6 +74,9 @@ class TrainConfig(BaseModel):
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
+    farm_direct: bool = Field(default=False, description="send each lease's requests straight "
+                              "to the replica that owns it (a trainer inside the farm's Ray "
+                              "cluster, multi-replica pools: past HAProxy and the Door)")
     batched: bool = Field(default=False, description="generate every live episode's turn in one "
                           "batch, in lockstep (trainer.batched: local model; deterministic)")
     max_batch: int = Field(default=64, ge=1, description="batched: rows per forward pass")

@@ -120,7 +120,8 @@ class Trainer:
         step = self.step
         started = time.perf_counter()
         gate = asyncio.Semaphore(self.cfg.concurrency)
-        async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency)) as farm:
+        async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency),
+                        direct=self.cfg.farm_direct) as farm:
             skip = await quarantined(farm)
             groups = await asyncio.gather(*(self._group(farm, gate, env, idx, (step, k))
                                             for k, (env, idx) in enumerate(self.pick_tasks(step, skip))))

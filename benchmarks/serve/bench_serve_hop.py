@@ -5,7 +5,9 @@ Both farms start once and hold N leases each (every lease writes its own state, 
 back call after call, one call per HTTP request, each lease its own connection: the soak's
 traffic, benchmarks/load/soak.py). Each round runs a phase per mode for ``--seconds``: the
 ``--no-ray`` farm, then Serve with the Door's direct hop (``http``), then with the handle hop
-(``handle``, switched at run time by ``Door.hop``). Per phase: calls/s, p50/p99, errors, and the
+(``handle``, switched at run time by ``Door.hop``), and ``serve_direct``: the client sends each
+lease's calls to its owner's listener itself (``LeaseInfo.direct_url``, what
+``Farm(direct=True)`` does), past HAProxy and the Door. Per phase: calls/s, p50/p99, errors, and the
 CPU seconds of each farm's processes by group, per call. Medians over rounds, and ratios to the
 ``--no-ray`` phase of the same round. Optional py-spy of the Door and a pool replica.
 
@@ -120,11 +122,13 @@ class Leases:
 
         self.infos = list(await asyncio.gather(*(one() for _ in range(self.n))))
 
-    def _call(self, info: dict) -> str:
-        return f"{self.url}/envs/{ENV}/leases/{info['lease_id']}/call"
+    def _call(self, info: dict, direct: bool = False) -> str:
+        base = info["direct_url"] if direct else self.url
+        return f"{base}/envs/{ENV}/leases/{info['lease_id']}/call"
 
-    async def phase(self, seconds: float) -> dict[str, Any]:
-        """Every lease calls back to back for ``seconds``: calls/s, latency, errors."""
+    async def phase(self, seconds: float, direct: bool = False) -> dict[str, Any]:
+        """Every lease calls back to back for ``seconds`` (``direct``: to its owner's listener):
+        calls/s, latency, errors."""
         stop = time.monotonic() + seconds
         lat: list[float] = []
         errors: Counter = Counter()
@@ -132,7 +136,7 @@ class Leases:
 
         async def loop(info: dict) -> None:
             nonlocal calls
-            url, headers = self._call(info), auth(info)
+            url, headers = self._call(info, direct), auth(info)
             while (t := time.monotonic()) < stop:
                 try:
                     async with self.session.post(url, json=READ, headers=headers) as r:
@@ -205,8 +209,9 @@ async def run(args: argparse.Namespace, no_ray_url: str, no_ray_pid: int, serve_
             row: dict[str, Any] = {"load_avg": os.getloadavg()}
             for mode in modes:
                 farm = farms["no_ray" if mode == "no_ray" else "serve"]
-                if mode != "no_ray":
-                    await door.hop.remote(mode.removeprefix("serve_"))
+                if mode != "no_ray":  # the direct client: the Door's listeners stay in use
+                    await door.hop.remote("http" if mode == "serve_direct"
+                                          else mode.removeprefix("serve_"))
 
                 def cpu() -> dict[str, float]:
                     return (tree_by_group(no_ray_pid) if mode == "no_ray"
@@ -218,7 +223,7 @@ async def run(args: argparse.Namespace, no_ray_url: str, no_ray_pid: int, serve_
                     spy = [py_spy(pids[r], args.seconds - 2, args.profile / f"{mode}-{r}.txt")
                            for r in ("door", "pool") if r in pids]
                 c0 = cpu()
-                res = await farm.phase(args.seconds)
+                res = await farm.phase(args.seconds, direct=mode == "serve_direct")
                 c1 = cpu()
                 for p in spy:
                     p.wait()
@@ -256,7 +261,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0, help="traffic per phase")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="no_ray,serve_http,serve_handle")
+    ap.add_argument("--modes", default="no_ray,serve_direct,serve_http,serve_handle")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="py-spy the Door and a pool replica in round 1 (raw stacks to DIR)")
     ap.add_argument("--note", default="", help="what else ran on the machine")

@@ -20,17 +20,19 @@ lease notices (blast radius one).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 from typing import Any
 
 import aiohttp
 import uvicorn
+from ray.exceptions import RayActorError
 from yarl import URL
 from starlette.types import ASGIApp
 
 from cluster.serve._handles import fresh_call
-from envfarm.wire import ForwardedRequest, ForwardedResponse
+from envfarm.wire import ForwardedRequest, ForwardedResponse, owner_of
 
 #: Request headers the Door does not pass on (the hop's own; aiohttp writes host and length).
 HOP_HEADERS = frozenset({b"host", b"content-length", b"connection", b"keep-alive",
@@ -117,6 +119,21 @@ class OwnerLinks:
             return None
         self.urls[owner] = where["url"]
         return where["url"]
+
+    async def name_owners(self, res: ForwardedResponse) -> ForwardedResponse:
+        """A lease-granting answer (a ``LeaseInfo`` or a list of them) with each lease's
+        ``direct_url``: its owner's listener. As it was where that is not known."""
+        try:
+            data = json.loads(res.body)
+            infos = data if isinstance(data, list) else [data]
+            for info in infos:
+                url = await self.url_of(owner_of(info["lease_id"]))
+                if url is None:
+                    return res
+                info["direct_url"] = url
+        except (ValueError, KeyError, TypeError, RayActorError):
+            return res
+        return res.model_copy(update={"body": json.dumps(data).encode()})
 
     def forget(self, owner: str) -> None:
         self.urls.pop(owner, None)

@@ -23,7 +23,7 @@ from cluster.serve._forward import forward, owner_lost, to_response
 from cluster.serve._router import owner_from_path
 from envfarm.errors import EnvfarmError, LeaseGone, PayloadTooLarge, PoolExhausted
 from envfarm.farm import error_response
-from envfarm.wire import ForwardedRequest
+from envfarm.wire import ForwardedRequest, ForwardedResponse
 
 
 Hop = Literal["http", "handle"]
@@ -51,7 +51,7 @@ class Door:
             if direct is not None:
                 return direct
         try:
-            return to_response(await forward(self.pool, fwd))
+            return await self._answer(fwd, await forward(self.pool, fwd))
         except RayActorError as exc:
             # Retry only where nothing can have happened: no lease state (a new lease, the
             # catalog) and a replica that is dead, not merely unreachable (a live one may have
@@ -59,7 +59,7 @@ class Door:
             if owner is not None or not isinstance(exc, ActorDiedError):
                 return error_response(_replica_lost(owner, exc))
         try:
-            return to_response(await forward(self.pool, fwd))
+            return await self._answer(fwd, await forward(self.pool, fwd))
         except RayActorError as again:
             return error_response(_replica_lost(None, again))
 
@@ -73,12 +73,22 @@ class Door:
         if url is None:
             return None
         try:
-            return to_response(await self.links.send(url, fwd))
+            res = await self.links.send(url, fwd)
         except (aiohttp.ClientError, OSError) as exc:
             # The owner's listener closed or refused: its process (and the lease's state) is
             # gone with it. Ask again next time: a live owner answers with its address.
             self.links.forget(owner)
             return error_response(owner_lost(owner, exc))
+        return await self._answer(fwd, res)
+
+    async def _answer(self, fwd: ForwardedRequest, res: ForwardedResponse) -> Response:
+        """The answer as HTTP; new leases (one, a batch, a fork) name their owner's listener
+        (``LeaseInfo.direct_url``) on the direct hop, so a client in the cluster may send their
+        requests there itself, past HAProxy and this Door."""
+        if (self._hop == "http" and res.status in (200, 201) and fwd.method == "POST"
+                and fwd.path.endswith(("/leases", "/leases:batch", "/fork"))):
+            res = await self.links.name_owners(res)
+        return to_response(res)
 
     async def hop(self, kind: Hop | None = None) -> dict[str, Any]:
         """How lease requests reach their owner (set it with ``kind``), and how many took the

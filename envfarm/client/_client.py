@@ -42,6 +42,7 @@ from envfarm.wire import (
     ReleaseResponse,
     VerifyResponse,
     by_owner,
+    owner_of,
 )
 
 #: Where the SDK (and ``envfarm rollout/train``) finds a farm API key when none is passed.
@@ -56,13 +57,21 @@ class Farm:
 
     def __init__(self, url: str = "http://127.0.0.1:8000", *, transport: Transport | None = None,
                  max_connections: int = 1024, timeout_s: float = 60.0, retries: int = 3,
-                 backoff_s: float = 0.2, api_key: str | None = None) -> None:
+                 backoff_s: float = 0.2, api_key: str | None = None,
+                 direct: bool = False) -> None:
+        """``direct``: send each lease's requests straight to the replica that owns it where
+        the farm names one (``LeaseInfo.direct_url``: multi-replica pools behind a Door), past
+        HAProxy and the Door. For clients inside the cluster: the address is the replica's node.
+        Where it does not answer, the lease's requests go through ``url`` again."""
         self.url = url.rstrip("/")
         self.transport = transport or HTTPTransport(url, max_connections=max_connections,
                                                     timeout_s=timeout_s)
         self.retries = retries
         self.backoff_s = backoff_s
         self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.direct = direct
+        self._max_connections, self._timeout_s = max_connections, timeout_s
+        self._owners: dict[str, Transport] = {}  # direct_url -> its transport
 
     async def __aenter__(self) -> Self:
         return self
@@ -72,20 +81,37 @@ class Farm:
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+        for transport in self._owners.values():
+            await transport.aclose()
+        self._owners.clear()
+
+    def _owner_transport(self, info: LeaseInfo) -> Transport | None:
+        """Where a lease's requests go straight to its owner (``direct``), else None."""
+        if not self.direct or not info.direct_url:
+            return None
+        url = info.direct_url.rstrip("/")
+        if url not in self._owners:
+            self._owners[url] = HTTPTransport(url, max_connections=self._max_connections,
+                                              timeout_s=self._timeout_s)
+        return self._owners[url]
 
     # -- plumbing --------------------------------------------------------------------------------
     async def _request(self, method: str, path: str, *, json_body: Any = None,
-                       token: str | None = None, safe: bool = False) -> Reply:
+                       token: str | None = None, safe: bool = False,
+                       via: Transport | None = None) -> Reply:
+        """``via``: a lease owner's own transport; a transport error there is raised at once
+        (the caller goes through the farm's front instead)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if self.api_key:
             headers["X-Envfarm-Key"] = self.api_key
         attempt = 0
         while True:
             try:
-                reply = await self.transport.request(method, path, json=json_body,
-                                                     headers=headers)
+                reply = await (via or self.transport).request(method, path, json=json_body,
+                                                              headers=headers)
             except TransportError as exc:
-                if attempt < self.retries and (safe or exc.fields.get("sent") is False):
+                if via is None and attempt < self.retries and (
+                        safe or exc.fields.get("sent") is False):
                     attempt += 1
                     await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
                     continue
@@ -105,11 +131,7 @@ class Farm:
             raise error_from_wire(reply.status, reply.body)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        reply = await self._request(method, path, **kw)
-        try:
-            return json.loads(reply.body)
-        except ValueError as exc:
-            raise TransportError(f"farm answered non-JSON to {method} {path}") from exc
+        return _decode(await self._request(method, path, **kw), method, path)
 
     # -- catalog ---------------------------------------------------------------------------------
     async def envs(self) -> list[EnvSummary]:
@@ -193,6 +215,13 @@ class Farm:
         return await by_owner(calls, lambda c: (c[0].env, c[0].lease_id), send)
 
 
+def _decode(reply: Reply, method: str, path: str) -> Any:
+    try:
+        return json.loads(reply.body)
+    except ValueError as exc:
+        raise TransportError(f"farm answered non-JSON to {method} {path}") from exc
+
+
 def _retry_after(reply: Reply, default: float) -> float:
     """The body's exact ``retry_after_s``, else the whole-second header, capped at 30 s."""
     try:
@@ -219,6 +248,27 @@ class Lease:
         self.farm = farm
         self.info = info
         self.released = False
+        self._direct = farm._owner_transport(info)
+
+    async def _request(self, method: str, suffix: str = "", **kw: Any) -> Reply:
+        """A request of this lease: straight to its owner where the farm is ``direct``; once
+        that fails to connect (or a retryable request fails there), through the farm's front
+        from then on, which knows whether the owner still lives (a typed 410 if not)."""
+        if self._direct is not None:
+            try:
+                return await self.farm._request(method, self.path + suffix, token=self.token,
+                                                via=self._direct, **kw)
+            except TransportError as exc:
+                self._direct = None
+                if not (kw.get("safe") or exc.fields.get("sent") is False):
+                    # Lost in flight: if the owner died, the front's typed 410 says so.
+                    await self.farm._request("GET", self.path + "/tools", token=self.token,
+                                             safe=True)
+                    raise
+        return await self.farm._request(method, self.path + suffix, token=self.token, **kw)
+
+    async def _json(self, method: str, suffix: str = "", **kw: Any) -> Any:
+        return _decode(await self._request(method, suffix, **kw), method, self.path + suffix)
 
     @property
     def lease_id(self) -> str:
@@ -247,14 +297,14 @@ class Lease:
         return f"<Lease {self.lease_id} of {self.env}>"
 
     async def tools(self) -> list[ToolSpec]:
-        data = await self.farm._json("GET", self.path + "/tools", token=self.token, safe=True)
+        data = await self._json("GET", "/tools", safe=True)
         return [ToolSpec.model_validate(t) for t in data]
 
     async def call_result(self, tool: str, arguments: dict[str, Any] | None = None
                           ) -> CallResult:
         """The call's outcome, agent and env errors included (never raised)."""
-        data = await self.farm._json("POST", self.path + "/call", token=self.token,
-                                     json_body={"tool": tool, "arguments": arguments or {}})
+        data = await self._json("POST", "/call",
+                                json_body={"tool": tool, "arguments": arguments or {}})
         return CallResult.model_validate(data)
 
     async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> Any:
@@ -268,7 +318,7 @@ class Lease:
         return res.result
 
     async def reset(self) -> None:
-        await self.farm._json("POST", self.path + "/reset", token=self.token)
+        await self._json("POST", "/reset")
 
     async def verify(self, task_idx: int | None = None, final_answer: str | None = None,
                      trajectory: Any = None) -> VerifyResponse:
@@ -278,24 +328,26 @@ class Lease:
             trajectory = trajectory.model_dump(mode="json")
         body = {"task_idx": task_idx, "final_answer": final_answer, "trajectory": trajectory}
         return VerifyResponse.model_validate(
-            await self.farm._json("POST", self.path + "/verify", token=self.token,
-                                  json_body=body, safe=True))
+            await self._json("POST", "/verify", json_body=body, safe=True))
 
     async def fork(self, ttl_s: float | None = None) -> Lease:
         """A new lease (same tenant, same task) whose database is this lease's state now and
         whose steps so far are kept for verification; this lease goes on untouched. Retried
         safely: an idempotency key makes a repeat return the same fork."""
         body = {"ttl_s": ttl_s, "idempotency_key": uuid.uuid4().hex}
-        data = await self.farm._json("POST", self.path + "/fork", token=self.token,
-                                     json_body=body, safe=True)
-        return Lease(self.farm, LeaseInfo.model_validate(data))
+        info = LeaseInfo.model_validate(await self._json("POST", "/fork", json_body=body,
+                                                         safe=True))
+        if (info.direct_url is None and self._direct is not None
+                and owner_of(info.lease_id) == owner_of(self.lease_id)):
+            # asked of the owner itself, which does not name its own listener: the parent's
+            info = info.model_copy(update={"direct_url": self.info.direct_url})
+        return Lease(self.farm, info)
 
     async def snapshot(self, which: str = "current") -> bytes:
-        reply = await self.farm._request("GET", f"{self.path}/snapshot?which={which}",
-                                         token=self.token, safe=True)
+        reply = await self._request("GET", f"/snapshot?which={which}", safe=True)
         return reply.body
 
     async def release(self) -> ReleaseResponse:
-        data = await self.farm._json("DELETE", self.path, token=self.token, safe=True)
+        data = await self._json("DELETE", safe=True)
         self.released = True
         return ReleaseResponse.model_validate(data)

@@ -12,6 +12,9 @@ import httpx
 import pytest
 
 from cluster.serve._handles import fresh_call
+from envfarm.client import Farm
+from envfarm.errors import LeaseGone
+from envfarm.wire import owner_of
 from tests.cluster.serve._traffic import Tally, acquire, auth, check, lease_path, owner, write
 from tests.cluster.serve.conftest import ENV, REPLICAS
 
@@ -57,6 +60,52 @@ async def test_a_leases_calls_reach_its_owner_over_the_direct_hop(serve_farm):
         assert after[o]["leases"] - before[o]["leases"] == sum(owner(i) == o for i in infos)
 
 
+async def test_a_direct_client_sends_a_leases_requests_to_its_owner_past_the_door(serve_farm):
+    """New leases (one, a batch, a fork) name their owner's listener; ``Farm(direct=True)``
+    sends each lease's requests there: not one reaches the Door, each lands on its owner."""
+    door, pool = _handles()
+    before = await _replicas(pool)
+    async with Farm(serve_farm.url, direct=True) as farm:
+        leases = [await farm.acquire(ENV) for _ in range(6)] + await farm.acquire_many(ENV, 2)
+        sent0 = (await door.hop.remote())["sent_direct"]
+        for lease in leases:
+            await lease.call("create_wishlist", {"name": f"direct-{lease.lease_id}"})
+        leases.append(await leases[0].fork())  # asked of the owner itself
+        await leases[-1].call("create_wishlist", {"name": f"direct-{leases[-1].lease_id}"})
+        urls = {lease.info.direct_url for lease in leases}
+        assert None not in urls and all(u.startswith("http://127.0.0.1:") for u in urls), [
+            i for i, lease in enumerate(leases) if lease.info.direct_url is None]
+        assert urls <= set((await door.hop.remote())["listeners"])
+        for lease in leases:
+            names = [w["name"] for w in (await lease.call("list_wishlists"))["wishlists"]
+                     if w["name"].startswith("direct-")]
+            expected = {f"direct-{lease.lease_id}"}
+            if lease is leases[-1]:  # the fork began with its parent's state
+                expected.add(f"direct-{leases[0].lease_id}")
+            assert set(names) == expected, names
+        through_door = (await door.hop.remote())["sent_direct"] - sent0
+        after = await _replicas(pool)
+        for lease in leases:
+            await lease.release()
+    assert through_door == 0
+    assert all(after[o]["handed_on"] == before[o]["handed_on"] for o in after)
+
+
+async def test_a_direct_client_gets_the_farms_answers_for_bad_requests(serve_farm):
+    """A lease's token on another lease, at its owner's listener: the same 403 as through the
+    Door (the listener is the replica's app, tokens and tenants checked as ever)."""
+    async with Farm(serve_farm.url, direct=True) as farm:
+        mine, other = await farm.acquire(ENV), await farm.acquire(ENV)
+        async with httpx.AsyncClient(timeout=60) as c:
+            url = other.info.direct_url + other.path + "/call"
+            forged = await c.post(url, headers={"Authorization": f"Bearer {mine.token}"},
+                                  json={"tool": "list_wishlists"})
+            anonymous = await c.post(url, json={"tool": "list_wishlists"})
+        await mine.release()
+        await other.release()
+    assert (forged.status_code, anonymous.status_code) == (403, 401)
+
+
 async def test_forged_and_foreign_leases_are_refused_as_by_handle(serve_farm):
     """A forged lease id, another owner's, another lease's token, no token: each answer over
     the direct hop is the handle hop's, status and body."""
@@ -91,21 +140,37 @@ async def test_forged_and_foreign_leases_are_refused_as_by_handle(serve_farm):
 
 
 async def test_a_killed_owner_loses_only_its_own_leases_over_the_direct_hop(serve_farm):
+    """Through the Door and from a direct client alike: the killed owner's leases get a typed
+    410 (the direct client falls back to the Door, which knows), every other lease goes on."""
     door, pool = _handles()
     replicas = await _replicas(pool)
     tally = Tally()
-    async with httpx.AsyncClient(base_url=serve_farm.url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=serve_farm.url, timeout=60) as c, \
+            Farm(serve_farm.url, direct=True) as farm:
         infos = [await acquire(c, tally) for _ in range(12)]
         assert all([await write(c, info, tally) for info in infos])
+        direct = [await farm.acquire(ENV) for _ in range(8)]
         owners = {owner(i) for i in infos}
         assert len(owners) >= 2, owners
         victim = sorted(owners)[0]
         os.kill(replicas[victim]["pid"], signal.SIGKILL)  # a replica Ray started for this test
         await asyncio.sleep(0.5)
         codes = {i["lease_id"]: await check(c, i, tally) for i in infos}
+        outcomes = {}
+        for lease in direct:
+            try:
+                await lease.call("list_wishlists")
+                outcomes[lease.lease_id] = "ok"
+            except LeaseGone:
+                outcomes[lease.lease_id] = "gone"
         for info in infos:
             if owner(info) != victim:
                 await c.delete(lease_path(info), headers=auth(info))
+        for lease in direct:
+            if owner_of(lease.lease_id) != victim:
+                await lease.release()
+    assert outcomes == {lease.lease_id: "gone" if owner_of(lease.lease_id) == victim else "ok"
+                        for lease in direct}, outcomes
     lost = {i["lease_id"] for i in infos if owner(i) == victim}
     assert {lid for lid, code in codes.items() if code == 410} == lost
     assert all(code == 200 for lid, code in codes.items() if lid not in lost)

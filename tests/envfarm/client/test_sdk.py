@@ -190,3 +190,86 @@ async def test_requests_opt_out_of_serves_disconnect_watch():
     lines = head.decode("latin-1").lower().split("\r\n")
     assert "x-request-disconnect-disabled: ?1" in lines
     assert "authorization: bearer t" in lines  # per-request headers still go with it
+
+
+class _Counting:
+    """The farm's front transport, counting what goes through it."""
+
+    def __init__(self, url: str) -> None:
+        from envfarm.client._transport import HTTPTransport
+
+        self.inner, self.paths = HTTPTransport(url), []
+
+    async def request(self, method, path, **kw):
+        self.paths.append(path)
+        return await self.inner.request(method, path, **kw)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+async def _hang_up_server() -> tuple[asyncio.AbstractServer, str]:
+    """A listener that reads a request and closes without answering: an owner dying mid-call."""
+    async def handle(reader, writer):
+        await reader.read(1 << 16)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_direct_client_sends_a_leases_requests_to_its_owner(local_farm):
+    """``direct=True``: a lease naming its owner's listener is served there, none of its
+    requests through the front; a lease naming none (every ``--no-ray`` lease) goes by the front."""
+    front = _Counting(local_farm.url)
+    async with Farm(local_farm.url, transport=front, direct=True) as farm:
+        plain = await farm.acquire(ENV)
+        assert plain.info.direct_url is None  # one process: no owner listener to name
+        await plain.call("create_wishlist", {"name": "via-front"})
+        assert plain.path + "/call" in front.paths
+        # the same app standing in for an owner's listener
+        info = plain.info.model_copy(update={"direct_url": local_farm.url})
+        owned = type(plain)(farm, info)
+        front.paths.clear()
+        assert (await owned.call("list_wishlists"))["wishlists"]
+        await owned.tools()
+        await owned.release()
+        assert front.paths == []
+
+
+async def test_a_direct_client_falls_back_to_the_front_when_the_owner_does_not_answer(local_farm):
+    from envfarm.wire import LeaseInfo
+
+    server, hang_up = await _hang_up_server()
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    try:
+        async with Farm(local_farm.url, direct=True, backoff_s=0) as farm:
+            lease = await farm.acquire(ENV)
+            # refused: nothing left, so even a tool call goes on through the front
+            refused = type(lease)(farm, LeaseInfo.model_validate(
+                {**lease.info.model_dump(), "direct_url": closed}))
+            assert (await refused.call("create_wishlist", {"name": "x"}))["name"] == "x"
+            assert refused._direct is None  # the front from now on
+            # lost in flight: a tool call that may have run is not sent again ...
+            cut = type(lease)(farm, LeaseInfo.model_validate(
+                {**lease.info.model_dump(), "direct_url": hang_up}))
+            with pytest.raises(TransportError):
+                await cut.call("create_wishlist", {"name": "maybe"})
+            assert cut._direct is None
+            # ... and where the lease is gone, the front's typed 410 says so
+            await lease.release()
+            gone = type(lease)(farm, LeaseInfo.model_validate(
+                {**lease.info.model_dump(), "direct_url": hang_up}))
+            with pytest.raises(LeaseLost):
+                await gone.call("create_wishlist", {"name": "late"})
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: a connection there is refused
