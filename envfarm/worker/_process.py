@@ -88,6 +88,8 @@ class WorkerProcess:
             cmd, env={"PYTHONPATH": _PROJECT_ROOT, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             pipes=True, stderr=True if stderr else "pipe")
         self._stderr_tail = bytearray()
+        if self.proc.stderr is not None:  # read without waiting, whoever reads it
+            os.set_blocking(self.proc.stderr.fileno(), False)
         self.pid = self.proc.pid
         # A front that drops its handle (or exits) without stopping the worker still ends it.
         self._reaper = host_finalizer(self, end_confined, self.proc)
@@ -161,7 +163,6 @@ class WorkerProcess:
 
     def _read_stderr(self) -> None:
         fd = self.proc.stderr.fileno()
-        os.set_blocking(fd, False)
         for _ in range(64):  # at most 16 MiB per wake-up; the rest at the next
             try:
                 data = os.read(fd, 1 << 18)

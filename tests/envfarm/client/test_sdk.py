@@ -23,7 +23,7 @@ from envfarm.client import (
     reference_episode,
 )
 from envfarm.errors import EnvNotFound
-from envfarm.farm import FarmConfig, PoolConfig, build_app
+from envfarm.farm import FarmConfig, PoolConfig, build_app, free_port
 from tests.envfarm.farm.conftest import lifespan_running
 
 ENV = "hotel_booking_1"
@@ -241,7 +241,7 @@ async def test_a_direct_client_falls_back_to_the_front_when_the_owner_does_not_a
     from envfarm.wire import LeaseInfo
 
     server, hang_up = await _hang_up_server()
-    closed = f"http://127.0.0.1:{_closed_port()}"
+    closed = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
     try:
         async with Farm(local_farm.url, direct=True, backoff_s=0) as farm:
             lease = await farm.acquire(ENV)
@@ -266,10 +266,3 @@ async def test_a_direct_client_falls_back_to_the_front_when_the_owner_does_not_a
         server.close()
         await server.wait_closed()
 
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again: a connection there is refused
