@@ -36,7 +36,8 @@ class _Ask:
 def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
                    eos: int, pad: int, generators: list[Any] | None = None
                    ) -> list[tuple[list[int], list[float]]]:
-    """(completion ids, their log-probs under the model's raw logits) of each prompt; a completion
+    """(completion ids, their log-probs under the sampling policy, softmax(logits / T); greedy:
+    the raw logits) of each prompt; a completion
     ends with ``eos`` when it stopped, or has ``max_new_tokens`` ids when it did not."""
     import torch
     from transformers import DynamicCache
@@ -58,7 +59,7 @@ def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int,
                        use_cache=True, logits_to_keep=1).logits[:, -1].float()
         last = position[:, -1]
         for _ in range(max_new_tokens):
-            logp = torch.log_softmax(logits, dim=-1)
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
             tokens = _choose(logits, temperature, [generators[r] for r in live] if generators else None)
             keep = []
             for k, r in enumerate(live):

@@ -52,11 +52,15 @@ class GRPOConfig:
     autocast: str | None = None  # e.g. "bfloat16": compute dtype over fp32 master weights
     seed: int = 0              # mini-batch shuffling
     importance: str = "token"  # "sequence": one ratio per sample (geometric mean, GSPO-style)
+    temperature: float = 1.0   # the rollouts': the policy trained is softmax(logits / T) (verl's)
 
     def __post_init__(self) -> None:
         if self.importance not in IMPORTANCE_LEVELS:
             raise ValueError(f"importance must be one of {IMPORTANCE_LEVELS}, "
                              f"not {self.importance!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the sampling policy's), "
+                             f"not {self.temperature}")
 
 
 @dataclass
@@ -147,14 +151,19 @@ def _batch(samples: Sequence[Sample], pad_id: int, device: Any
     return ids.to(device), attn.to(device), where.to(device), targets.to(device)
 
 
-def _head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
     logits = head(hidden).float()  # log-softmax in fp32 whatever the compute dtype
+    if temperature != 1.0:
+        logits = logits / temperature
     return logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
 def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
-                        chunk: int = 1024, autocast: str | None = None) -> torch.Tensor:
-    """Log-probabilities of every completion token of ``samples``, flat, in sample order.
+                        chunk: int = 1024, autocast: str | None = None,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of every completion token of ``samples``, flat, in sample order, under
+    softmax(logits / ``temperature``): the policy that sampled them.
 
     The decoder runs once over the padded batch; only the hidden states that predict a
     completion token go through the LM head, ``chunk`` at a time, each chunk recomputed in the
@@ -171,9 +180,10 @@ def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
         for i in range(0, picked.shape[0], chunk):
             h, t = picked[i:i + chunk], targets[i:i + chunk]
             if torch.is_grad_enabled():
-                parts.append(checkpoint(_head_logprobs, head, h, t, use_reentrant=False))
+                parts.append(checkpoint(_head_logprobs, head, h, t, temperature,
+                                        use_reentrant=False))
             else:
-                parts.append(_head_logprobs(head, h, t))
+                parts.append(_head_logprobs(head, h, t, temperature))
     return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
 
@@ -206,9 +216,10 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
             if any(s.old_logprobs is None or len(s.old_logprobs) != len(s.completion_ids)
                    for s in batch):
                 current = completion_logprobs(model, batch, pad_id, cfg.logit_chunk,
-                                              cfg.autocast).split(
+                                              cfg.autocast, cfg.temperature).split(
                                                   [len(s.completion_ids) for s in batch])
-            ref = (completion_logprobs(ref_model, batch, pad_id, cfg.logit_chunk, cfg.autocast)
+            ref = (completion_logprobs(ref_model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
+                                       cfg.temperature)
                    .split([len(s.completion_ids) for s in batch]) if ref_model is not None
                    else None)
             for k, i in enumerate(chunk):
@@ -234,7 +245,8 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
             optimizer.zero_grad(set_to_none=True)
             for micro in _chunks(mini, cfg.micro_batch):
                 batch = [samples[i] for i in micro]
-                logp = completion_logprobs(model, batch, pad_id, cfg.logit_chunk, cfg.autocast)
+                logp = completion_logprobs(model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
+                                           cfg.temperature)
                 dev = logp.device
                 old = torch.cat([olds[i] for i in micro]).to(dev)
                 ref = torch.cat([refs[i] for i in micro]).to(dev) if refs else None

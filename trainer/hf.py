@@ -89,6 +89,8 @@ class HFPolicy:
                 self.model.train(was_training)
         completion = out.sequences[0, len(prompt_ids):].tolist()
         logits = torch.stack(out.logits, dim=1)[0].float()  # raw logits, one row per new token
+        if self.temperature > 0:  # the sampling policy's log-probs (what GRPO's ratio starts at)
+            logits = logits / self.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(
             1, torch.tensor(completion, device=logits.device)[:, None])[:, 0].tolist()
         finished = bool(completion) and completion[-1] == eos

@@ -210,7 +210,8 @@ def grpo_config(config: TrainConfig) -> GRPOConfig:
                       max_grad_norm=config.max_grad_norm, mini_batches=config.mini_batches,
                       ppo_epochs=config.ppo_epochs, logit_chunk=config.logit_chunk,
                       autocast=config.autocast, seed=config.seed,
-                      importance=config.importance)
+                      importance=config.importance,
+                      temperature=config.temperature if config.temperature > 0 else 1.0)
 
 
 def rollout_samples(groups: list[list[EpisodeResult]], tokenizer: Any

@@ -38,6 +38,22 @@ def test_a_left_padded_batch_generates_what_each_prompt_does_alone(tiny) -> None
         assert torch.allclose(scored, torch.tensor(logps), atol=1e-4)
 
 
+def test_sampled_at_a_temperature_the_logprobs_are_the_sampling_policys(tiny) -> None:
+    """What the sampler records is what GRPO's update scores at the same temperature (its
+    ratio starts at 1), not the raw logits' log-probs."""
+    model, tok = tiny
+    eos, pad = end_token_id(tok), tok.pad_token_id
+    gens = [torch.Generator().manual_seed(k) for k in range(3)]
+    batch = generate_batch(model, _prompts(tok), max_new_tokens=10, temperature=0.6, eos=eos,
+                           pad=pad, generators=gens)
+    for prompt, (ids, logps) in zip(_prompts(tok), batch, strict=True):
+        sample = Sample(prompt, ids, 0.0)
+        at_t = completion_logprobs(model, [sample], pad, temperature=0.6).detach()
+        raw = completion_logprobs(model, [sample], pad).detach()
+        assert torch.allclose(at_t, torch.tensor(logps), atol=1e-4)
+        assert not torch.allclose(raw, torch.tensor(logps), atol=1e-3)
+
+
 def test_a_rows_sample_does_not_depend_on_its_batch(tiny) -> None:
     model, tok = tiny
     eos, pad = end_token_id(tok), tok.pad_token_id

@@ -214,6 +214,29 @@ def test_logprobs_are_taken_at_the_completions_positions(model_and_tokenizer):
         assert got.tolist() == pytest.approx(expected, abs=1e-4)
 
 
+def test_at_a_temperature_the_logprobs_are_the_sampling_policys(model_and_tokenizer):
+    """Rollouts sampled at T are scored under softmax(logits / T), verl's rule: by hand from
+    the full forward's logits; at T = 1 the raw logits' log-probs. A trainer that scored them
+    at T = 1 (the earlier rule) would start every update from ratios away from 1."""
+    model, tokenizer = model_and_tokenizer
+    samples = _group(tokenizer)
+    for temperature in (0.5, 1.0, 1.7):
+        expected = []
+        for s in samples:
+            seq = torch.tensor([s.prompt_ids + s.completion_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=seq).logits[0].float() / temperature,
+                                         dim=-1)
+            start = len(s.prompt_ids)
+            expected += [float(logp[start + k - 1, t]) for k, t in enumerate(s.completion_ids)]
+        with torch.no_grad():
+            got = completion_logprobs(model, samples, tokenizer.pad_token_id, chunk=3,
+                                      temperature=temperature)
+        assert got.tolist() == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ValueError, match="temperature"):
+        GRPOConfig(temperature=0.0)
+
+
 def test_the_loss_is_taken_against_the_rollouts_logprobs_at_the_right_tokens(
         model_and_tokenizer):
     """Rollout log-probs 1.1x below the model's, token by token: the ratio is 1.1 at every
