@@ -5,12 +5,14 @@ with one end of a SOCK_SEQPACKET socket pair as its control channel. It loads th
 modules verifiers may use and ``envfarm.confined.jail`` (nothing else of the project; the front compiled
 its seccomp filters), and enters the kernel jail (it may fork, nothing else), switching to an
 unprivileged uid of its own when started as root. Per verification the front sends two pipe
-ends (SCM_RIGHTS): the request to read, the reply to write. The zygote forks a child, tells the
-front its pid (killed at the deadline) and, later, how it ended; it never reads a request.
+ends (SCM_RIGHTS): the request to read, the reply to write, and, with Landlock, a ruleset
+descriptor (the zygote's readable roots and this verification's two databases, made by the
+front). The zygote forks a child, tells the front its pid (killed at the deadline) and, later,
+how it ended; it never reads a request.
 
 The child tightens the jail (no new processes or threads, its own CPU limit, its own process
-group, only its two pipe ends open), reads its one request, runs the verifier once, writes one
-reply and exits. Nothing survives it: no module, builtin, file, thread or process. Inside, the
+group, only its two pipe ends open, a Landlock layer of its own), reads its one request, runs
+the verifier once, writes one reply and exits. Nothing survives it: no module, builtin, file, thread or process. Inside, the
 Python layers give typed errors for what a verifier should not do; the kernel jail is the
 boundary when they are beaten:
 
@@ -349,18 +351,18 @@ def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: 
     return {"ok": True, "result_json": text}
 
 
-def _verify_once(jail, prepared, req_fd: int, rep_fd: int, cpu_s: float, config: dict) -> None:
+def _verify_once(jail, prepared, fds: list[int], cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
-    roots = config["opened"]
-    prepared.enter(keep_fds=(0, 1, 2, req_fd, rep_fd, *(fd for fd, _ in roots.fds)),
-                   cpu_s=cpu_s)
+    req_fd, rep_fd, *ruleset = fds
+    prepared.enter(keep_fds=(0, 1, 2, *fds), cpu_s=cpu_s)
+    if ruleset:
+        # Its own Landlock layer, made by the front: of the staged databases, this
+        # verification's two only. Applied before it reads a byte of its request.
+        jail.apply_ruleset(ruleset[0])
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
     # Unmarshalled before the hook, which refuses marshal to the verifier.
     req, compiled = _recv(req_fd)
     os.close(req_fd)
-    # Its own Landlock layer: of the staged databases, this verification's two only.
-    jail.restrict_reads([req["initial"], req["final"]], roots)
-    roots.close()
     sys.addaudithook(_HOOK)
     try:
         reply = _run_one(req, compiled, _STATE, _BUILTINS, int(config["max_result_bytes"]))
@@ -411,12 +413,13 @@ def _confine(jail, config: dict, ctl: socket.socket):
     except jail.JailError as exc:
         ctl.send(json.dumps({"ready": False, "error": str(exc)}).encode())
         return None
-    roots = jail.readable_roots()  # without the staging folder
-    config["read_roots"] = tuple(os.path.join(p, "") for p in roots)
-    config["opened"] = jail.open_roots(roots)
+    # Without the staging folder: the front grants each child its two databases, in the
+    # Landlock ruleset it makes from these (see _verify_once).
+    config["roots"] = jail.readable_roots()
+    config["read_roots"] = tuple(os.path.join(p, "") for p in config["roots"])
     # Made once here for every child (which starts from a pristine copy: no verifier runs
-    # here): the layer it enters (its Landlock layer comes with its databases' names), the
-    # call state, builtins and sqlite3 connection class a verifier gets.
+    # here): the layer it enters (its Landlock layer comes with its job), the call state,
+    # builtins and sqlite3 connection class a verifier gets.
     prepared = jail.prepare(jail.JailPolicy(**config["policies"]["child"]),
                             compiled=filters.get("child"), landlock=False)
     global _STATE, _BUILTINS, _LockedConnection, _HOOK
@@ -442,11 +445,14 @@ def _zygote(config: dict) -> None:
     gc.freeze()  # what is loaded now stays out of every collection, in here and in children
     gc.disable()  # and none runs here: it would write to (and so copy) pages children share
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # set by _serve; none may end before
-    ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe()}).encode())
-    _serve(ctl, lambda fds, cpu_s: _verify_once(jail, prepared, *fds, cpu_s, config))
+    # With Landlock, each job brings the ruleset its child stacks: a job without one is refused.
+    ctl.send(json.dumps({"ready": True, "pid": os.getpid(), "jail": have.describe(),
+                         "roots": config["roots"] if have.landlock_abi else None}).encode())
+    _serve(ctl, 3 if have.landlock_abi else 2,
+           lambda fds, cpu_s: _verify_once(jail, prepared, fds, cpu_s, config))
 
 
-def _serve(ctl: socket.socket, verify) -> None:
+def _serve(ctl: socket.socket, nfds: int, verify) -> None:
     """Fork a child per job; say when each started and, when reaped, how it ended. Little
     Python per job: whatever this process touches after a fork, it copies (children share
     every page until then)."""
@@ -468,14 +474,14 @@ def _serve(ctl: socket.socket, verify) -> None:
                 ctl.send(NOTE.pack(ENDED, job, status))
 
     signal.signal(signal.SIGCHLD, reap)
-    ancillary = socket.CMSG_LEN(8)  # two fds
+    ancillary = socket.CMSG_LEN(4 * nfds)
     while True:
         msg, anc, _, _ = ctl.recvmsg(JOB.size, ancillary)
         if not msg:
             return  # the front is gone; the children die with us
         fds = [fd for level, kind, data in anc if level == socket.SOL_SOCKET
                and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data)]
-        if len(msg) != JOB.size or len(fds) != 2:
+        if len(msg) != JOB.size or len(fds) != nfds:
             for fd in fds:
                 os.close(fd)
             continue
@@ -488,8 +494,8 @@ def _serve(ctl: socket.socket, verify) -> None:
                 os._exit(0)
         jobs[pid] = job
         status = ended.pop(pid, None)  # it ended, and was reaped, before the line above
-        os.close(fds[0])
-        os.close(fds[1])
+        for fd in fds:
+            os.close(fd)
         ctl.send(NOTE.pack(STARTED, job, pid))
         if status is not None and jobs.pop(pid, None) is not None:
             ctl.send(NOTE.pack(ENDED, job, status))

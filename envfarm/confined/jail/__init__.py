@@ -25,8 +25,9 @@ from envfarm.confined.jail import _identity, _imports, _landlock, _process, _sec
 from envfarm.confined.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
 __all__ = ["JailError", "JailPolicy", "JailSupport", "OpenedRoots", "PreparedJail", "WorkerIdentity",
-           "enter", "open_roots", "prepare", "readable_roots", "restrict_reads",
-           "seccomp_filter", "support", "switch_identity", "uid_from_config", "worker_identity"]
+           "apply_ruleset", "enter", "open_roots", "prepare", "read_ruleset", "readable_roots",
+           "restrict_reads", "seccomp_filter", "support", "switch_identity", "uid_from_config",
+           "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -344,3 +345,28 @@ def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> N
                                      opened.fds if opened is not None else ())
     except OSError as exc:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+
+
+def read_ruleset(paths: Sequence[str], opened: OpenedRoots | None = None) -> int | None:
+    """The layer ``restrict_reads`` would stack, as a Landlock ruleset descriptor made here and
+    applied by another process (``apply_ruleset``), e.g. a zygote's child that gets it with
+    its job: the child then pays one syscall, not the ruleset's making. None without Landlock.
+    The caller closes it once handed over."""
+    have = support()
+    if not have.landlock_abi:
+        return None
+    try:
+        return _landlock.read_only_ruleset(list(paths), have.landlock_abi,
+                                           opened.fds if opened is not None else ())
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+
+
+def apply_ruleset(ruleset: int) -> None:
+    """Stack the layer of a ``read_ruleset`` descriptor on this process and close it."""
+    try:
+        _landlock.restrict_self(ruleset)
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+    finally:
+        os.close(ruleset)
