@@ -39,17 +39,39 @@ from __future__ import annotations
 
 import base64
 import builtins
+import functools
 import gc
 import json
 import marshal
 import os
 import signal
 import socket
-import sqlite3
 import struct
 import sys
 import time
 import types
+
+
+def _lean_lru_cache(maxsize: int | None, typed: bool = False):
+    """``functools.lru_cache`` as sqlite3 uses it (a statement cache for each connection it
+    opens), minus ``update_wrapper``: the same C cache, without running Python per connection
+    (~15 us and a few copied pages in a child; LLM-written verifiers connect once a query)."""
+    return lambda function: functools._lru_cache_wrapper(function, maxsize, typed,
+                                                         functools._CacheInfo)
+
+
+def _load_sqlite3() -> types.ModuleType:
+    """sqlite3, with its statement caches made by ``_lean_lru_cache`` (it looks
+    ``functools.lru_cache`` up once, as it loads)."""
+    lru_cache, functools.lru_cache = functools.lru_cache, _lean_lru_cache
+    try:
+        import sqlite3 as module
+    finally:
+        functools.lru_cache = lru_cache
+    return module
+
+
+sqlite3 = _load_sqlite3()
 
 #: Modules verifier code may import (top-level names).
 ALLOWED_IMPORTS = frozenset({

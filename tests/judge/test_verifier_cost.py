@@ -1,17 +1,21 @@
 """What keeps a fresh-process verification cheap (issue 35), and that it stays fresh: the
 zygote carries no after-fork hooks nor libseccomp, each child reseeds random for itself,
-connections to a staged database share one read-only cache, and a final snapshot is staged
-for its one call only."""
+connections to a staged database share one read-only cache and run no Python to make their
+statement caches, and a final snapshot is staged for its one call only."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from envfarm.confined.jail import support
+from judge import _sandbox_worker as sandbox_worker
 from judge._staging import Stager
 from tests.judge.test_verifier_isolation import _code
 
@@ -67,6 +71,27 @@ def verify_task(a, b):
     assert res.result == {"counts": [2, 2, 2], "temp": 2,
                           "write": "attempt to write a readonly database"}
     assert sqlite3.connect(small_dbs[1]).execute("SELECT COUNT(*) FROM t").fetchone()[0] == 2
+
+
+def test_a_connection_makes_its_statement_cache_without_python():
+    # sqlite3 makes each connection's statement cache with functools.lru_cache, whose
+    # update_wrapper is Python: pages copied in every child, once per connection.
+    probe = f"""
+import functools, json, runpy, sys
+worker = runpy.run_path({str(Path(sandbox_worker.__file__))!r}, run_name="probe")
+calls = []
+sys.setprofile(lambda frame, event, arg: event == "call" and calls.append(
+    frame.f_code.co_filename + ":" + frame.f_code.co_name))
+conn = worker["sqlite3"].connect(":memory:")
+rows = [conn.execute("SELECT ?", (i,)).fetchone()[0] for i in range(3)]  # cached statement
+sys.setprofile(None)
+print(json.dumps({{"functools": [c for c in calls if "functools" in c], "rows": rows,
+                   "lru_cache": functools.lru_cache.__module__}}))
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout) == {"functools": [], "rows": [0, 1, 2],
+                                      "lru_cache": "functools"}
 
 
 def _db(rows: int) -> bytes:
