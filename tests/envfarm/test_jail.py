@@ -427,6 +427,50 @@ def test_a_zygote_given_compiled_filters_confines_its_children_alike():
     assert got["nested"] == []  # a folder already grants what is in it
 
 
+_RULESET = _c("""
+    import json, os, tempfile
+    from envfarm.confined import jail
+    folder = tempfile.mkdtemp()
+    for name in ("mine.db", "other.db"):
+        with open(os.path.join(folder, name), "w") as fh:
+            fh.write(name)
+    roots = jail.open_roots(jail.readable_roots())
+    # Made outside the jail, as a verifier sandbox's front makes one for each job.
+    ruleset = jail.read_ruleset([os.path.join(folder, "mine.db")], roots)
+    r, w = os.pipe()
+    jail.enter(jail.JailPolicy(read_paths=(folder,), processes=True, threads=False),
+               keep_fds=(1, 2, r, w, ruleset))
+    def reads(path):
+        try:
+            with open(path) as fh:
+                return fh.read(4) and "allowed"
+        except PermissionError:
+            return "denied"
+    pid = os.fork()
+    if pid == 0:
+        jail.apply_ruleset(ruleset)
+        out = {what: reads(os.path.join(folder, what + ".db")) for what in ("mine", "other")}
+        out.update(stdlib=reads(json.__file__), passwd=reads("/etc/passwd"))
+        try:
+            os.fstat(ruleset)
+            out["ruleset"] = "open"
+        except OSError:
+            out["ruleset"] = "closed"
+        os.write(w, json.dumps(out).encode()); os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": json.loads(os.read(r, 1000)),
+                      "parent": reads(os.path.join(folder, "other.db"))}))
+""")
+
+
+def test_a_ruleset_made_outside_confines_the_child_that_applies_it():
+    """A verifier sandbox's front makes each child's Landlock layer; the child stacks it."""
+    got = _script(_RULESET)
+    assert got["child"] == {"mine": "allowed", "other": "denied", "stdlib": "allowed",
+                            "passwd": "denied", "ruleset": "closed"}
+    assert got["parent"] == "allowed"  # the layer is the child's alone
+
+
 _ORPHAN = _c("""
     import os, sys, time
     from envfarm.confined.jail import JailPolicy, enter
