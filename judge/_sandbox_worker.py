@@ -37,6 +37,7 @@ unmarshalled). On the control socket, one message per datagram: the zygote's JSO
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums, selectors, select and array, in every child's image
 import base64
 import builtins
 import functools
@@ -45,7 +46,6 @@ import json
 import marshal
 import os
 import signal
-import socket
 import struct
 import sys
 import time
@@ -445,7 +445,7 @@ def _warm_up(hook, read_root: str) -> None:
     _STATE.__init__()
 
 
-def _confine(jail, config: dict, ctl: socket.socket):
+def _confine(jail, config: dict, ctl: _socket.socket):
     """Enter the zygote's jail and make its children's; None (reported) if it cannot."""
     filters = {k: base64.b64decode(v) for k, v in (config.get("seccomp") or {}).items()}
     try:
@@ -481,7 +481,7 @@ def _zygote(config: dict) -> None:
     sys.path[:0] = config["sys_path"]  # only so envfarm.confined.jail loads
     from envfarm.confined import jail
 
-    ctl = socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
+    ctl = _socket.socket(fileno=config["ctl_fd"])  # wraps the inherited fd: no socket() call
     _preload()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     confined = _confine(jail, config, ctl)
@@ -498,7 +498,7 @@ def _zygote(config: dict) -> None:
            lambda fds, cpu_s: _verify_once(jail, prepared, fds, cpu_s, config))
 
 
-def _serve(ctl: socket.socket, nfds: int, verify) -> None:
+def _serve(ctl: _socket.socket, nfds: int, verify) -> None:
     """Fork a child per job; say when each started and, when reaped, how it ended. Little
     Python per job: whatever this process touches after a fork, it copies (children share
     every page until then)."""
@@ -520,13 +520,13 @@ def _serve(ctl: socket.socket, nfds: int, verify) -> None:
                 ctl.send(NOTE.pack(ENDED, job, status))
 
     signal.signal(signal.SIGCHLD, reap)
-    ancillary = socket.CMSG_LEN(4 * nfds)
+    ancillary = _socket.CMSG_LEN(4 * nfds)
     while True:
         msg, anc, _, _ = ctl.recvmsg(JOB.size, ancillary)
         if not msg:
             return  # the front is gone; the children die with us
-        fds = [fd for level, kind, data in anc if level == socket.SOL_SOCKET
-               and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data)]
+        fds = [fd for level, kind, data in anc if level == _socket.SOL_SOCKET
+               and kind == _socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data)]
         if len(msg) != JOB.size or len(fds) != nfds:
             for fd in fds:
                 os.close(fd)
