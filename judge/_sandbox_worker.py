@@ -377,11 +377,9 @@ def _run_one(req: dict, compiled: types.CodeType, state: _CallState, builtins_: 
 def _verify_once(jail, prepared, fds: list[int], cpu_s: float, config: dict) -> None:
     """The forked child: tighten the jail, run one verifier, write one reply, exit."""
     req_fd, rep_fd, *ruleset = fds
-    prepared.enter(keep_fds=(0, 1, 2, *fds), cpu_s=cpu_s)
-    if ruleset:
-        # Its own Landlock layer, made by the front: of the staged databases, this
-        # verification's two only. Applied before it reads a byte of its request.
-        jail.apply_ruleset(ruleset[0])
+    # Its own Landlock layer comes with the job, made by the front: of the staged databases,
+    # this verification's two only. Stacked before it reads a byte of its request.
+    prepared.enter((0, 1, 2, req_fd, rep_fd), cpu_s, ruleset[0] if ruleset else None)
     gc.disable()  # a collection would touch (and so copy) pages shared with the zygote
     # Unmarshalled before the hook, which refuses marshal to the verifier.
     req, compiled = _recv(req_fd)
