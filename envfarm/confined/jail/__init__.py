@@ -397,6 +397,8 @@ class OpenedRoots:
     they read nothing themselves; a child closes them (``close``) before running anything."""
 
     fds: tuple[tuple[int, bool], ...]  # (descriptor, is a folder)
+    #: Their Landlock rules, made once for ``read_ruleset`` (None without Landlock).
+    rules: _landlock.ReadRules | None = None
 
     def close(self) -> None:
         for fd, _ in self.fds:
@@ -404,8 +406,11 @@ class OpenedRoots:
 
 
 def open_roots(paths: Sequence[str]) -> OpenedRoots:
-    """``paths`` opened for later ``restrict_reads`` calls (those that exist)."""
-    return OpenedRoots(tuple(_landlock.open_paths(paths)))
+    """``paths`` opened for later ``restrict_reads`` and ``read_ruleset`` calls (those that
+    exist)."""
+    fds = tuple(_landlock.open_paths(paths))
+    abi = support().landlock_abi
+    return OpenedRoots(fds, _landlock.ReadRules(abi, fds) if abi else None)
 
 
 def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> None:
@@ -432,6 +437,8 @@ def read_ruleset(paths: Sequence[str], opened: OpenedRoots | None = None) -> int
     if not have.landlock_abi:
         return None
     try:
+        if opened is not None and opened.rules is not None:
+            return opened.rules.ruleset(list(paths))
         return _landlock.read_only_ruleset(list(paths), have.landlock_abi,
                                            opened.fds if opened is not None else ())
     except OSError as exc:
