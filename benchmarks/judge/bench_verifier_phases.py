@@ -4,7 +4,7 @@ against an earlier commit, rounds alternating:
     .venv/bin/python benchmarks/judge/bench_verifier_phases.py --baseline 7267809
 
 Each tree's ``judge`` and ``envfarm`` are copied into a temporary folder and its child
-(``_verify_once`` in ``judge/_sandbox_worker.py``) gets ``getrusage`` marks: after the fork
+(``_verify_once`` in ``judge/_sandbox_harness.py``) gets ``getrusage`` marks: after the fork
 returns, after its jail, after reading its request, after its Landlock layer and audit hook,
 after the verifier; the marks ride back in the reply (the copy's front prints and drops them).
 One verification at a time (the same real AWM e_commerce_33 code verifiers and databases as
@@ -46,7 +46,9 @@ def _mark(name):
 
 
 def _instrument(tree: Path) -> None:
-    worker = tree / "judge" / "_sandbox_worker.py"
+    worker = next(p for p in (tree / "judge" / "_sandbox_harness.py",  # since the split
+                              tree / "judge" / "_sandbox_worker.py")
+                  if p.exists() and "def _verify_once(" in p.read_text())
     out, inside = [], False
     for line in worker.read_text().split("\n"):
         stripped = line.strip()
@@ -101,7 +103,8 @@ def _inner(args: argparse.Namespace) -> None:
     import benchmarks.judge.bench_judge as bj
 
     initial = bj._db()
-    final = bj._db(["INSERT INTO cart_items (cart_id, product_offer_id, quantity) VALUES (1, 8, 1)"])
+    final = bj._db(["INSERT INTO cart_items (cart_id, product_offer_id, quantity) "
+                    "VALUES (1, 8, 1)"])
     codes = [v["code"] for v in bj._verifiers("gen_verifier.pure_code.jsonl")]
     with VerifierSandbox(workers=1) as sandbox:
         for code in codes * 3:

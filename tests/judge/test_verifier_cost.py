@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envfarm.confined.jail import read_ruleset, support
-from judge import _sandbox_worker as sandbox_worker
+from judge import _sandbox_harness
 from judge._sandbox_worker import JOB
 from judge._staging import Stager
 from judge._zygote import Job
@@ -106,11 +106,11 @@ def test_a_connection_makes_its_statement_cache_without_python():
     # update_wrapper is Python: pages copied in every child, once per connection.
     probe = f"""
 import functools, json, runpy, sys
-worker = runpy.run_path({str(Path(sandbox_worker.__file__))!r}, run_name="probe")
+harness = runpy.run_path({str(Path(_sandbox_harness.__file__))!r}, run_name="probe")
 calls = []
 sys.setprofile(lambda frame, event, arg: event == "call" and calls.append(
     frame.f_code.co_filename + ":" + frame.f_code.co_name))
-conn = worker["sqlite3"].connect(":memory:")
+conn = harness["sqlite3"].connect(":memory:")
 rows = [conn.execute("SELECT ?", (i,)).fetchone()[0] for i in range(3)]  # cached statement
 sys.setprofile(None)
 print(json.dumps({{"functools": [c for c in calls if "functools" in c], "rows": rows,
