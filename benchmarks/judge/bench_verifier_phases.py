@@ -23,10 +23,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks.judge.bench_verifier_procs import emit, side_by_side  # noqa: E402
+
 PHASES = ("forked", "jail", "request", "landlock", "verifier")
 
 # Where each mark goes in _verify_once: after the line that starts with the key (before it
@@ -99,8 +101,9 @@ def _inner(args: argparse.Namespace) -> None:
     sys.path.insert(0, args.root)
     from judge import VerifierSandbox
 
-    sys.path.insert(1, str(ROOT))
     import benchmarks.judge.bench_judge as bj
+
+    assert Path(sys.modules["judge"].__file__).is_relative_to(args.root)
 
     initial = bj._db()
     final = bj._db(["INSERT INTO cart_items (cart_id, product_offer_id, quantity) "
@@ -157,30 +160,13 @@ def main() -> None:
         _inner(args)
         return
     trees = {"this_tree": _copy(None), "baseline": _copy(args.baseline)}
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
-    loads = []
     try:
-        for r in range(args.rounds):
-            for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-                loads.append(round(os.getloadavg()[0], 2))
-                runs[name].append(_round(trees[name], args))
+        result = side_by_side(list(trees), args.rounds, lambda name, _: _round(trees[name], args))
     finally:
         for tree in trees.values():
             shutil.rmtree(tree, ignore_errors=True)
-    result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-        "load_avg_1m_at_each_run": loads, "baseline": args.baseline, "n": args.n,
-        "rounds": args.rounds,
-        "median": {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
-                   for name, rs in runs.items()},
-        "rounds_raw": {name: [{k: round(v, 3) for k, v in r.items()} for r in rs]
-                       for name, rs in runs.items()},
-    }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-
+    result.update(baseline=args.baseline, n=args.n, rounds=args.rounds)
+    emit(result, args.out)
 
 if __name__ == "__main__":
     main()
