@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,24 +128,12 @@ def main() -> None:
         _inner(args)
         return
     roots = {"this_tree": str(ROOT), "baseline": _export(args.baseline)}
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in roots}
-    loads = []
     try:
-        for r in range(args.rounds):
-            for impl in (list(roots) if r % 2 == 0 else list(roots)[::-1]):
-                loads.append(round(os.getloadavg()[0], 2))
-                runs[impl].append(_round(impl, roots[impl], args, r * args.n))
+        result = side_by_side(list(roots), args.rounds, lambda impl, r: _round(
+            impl, roots[impl], args, r * args.n))
     finally:
         shutil.rmtree(roots["baseline"], ignore_errors=True)
-    result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-        "load_avg_1m_at_each_run": loads, "baseline": args.baseline, "workers": args.workers,
-        "n": args.n, "rounds": args.rounds,
-        "median": {impl: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
-                   for impl, rs in runs.items()},
-        "rounds_raw": {impl: [{k: round(v, 3) for k, v in r.items()} for r in rs]
-                       for impl, rs in runs.items()},
-    }
+    result.update(baseline=args.baseline, workers=args.workers, n=args.n, rounds=args.rounds)
     new, old = result["median"]["this_tree"], result["median"]["baseline"]
     for mode in ("same", "fresh"):
         result[f"ratio_{mode}_cpu_ms"] = round(new[f"{mode}_cpu_ms"] / old[f"{mode}_cpu_ms"], 3)
@@ -153,10 +142,34 @@ def main() -> None:
         for impl, med in result["median"].items():
             result[f"{impl}_{mode}_capacity_per_s_on_2_cores"] = round(
                 2000 / med[f"{mode}_cpu_ms"], 1)
+    emit(result, args.out)
+
+
+def side_by_side(names: list[str], rounds: int,
+                 run: Callable[[str, int], dict[str, float]]) -> dict:
+    """``run(name, round)`` for each name, rounds taking turns (the order flips each round),
+    the load noted before each run; medians and every round's figures."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    loads = []
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            loads.append(round(os.getloadavg()[0], 2))
+            runs[name].append(run(name, r))
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+        "load_avg_1m_at_each_run": loads,
+        "median": {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}
+                   for name, rs in runs.items()},
+        "rounds_raw": {name: [{k: round(v, 3) for k, v in r.items()} for r in rs]
+                       for name, rs in runs.items()},
+    }
+
+
+def emit(result: dict, out: str | None) -> None:
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":
