@@ -200,15 +200,27 @@ class Farm:
 
     async def batch_call(self, calls: Sequence[tuple[Lease, str, dict[str, Any]]]
                          ) -> list[CallResult | EnvfarmError]:
-        """Many leases' calls: one request per owner replica (one hop through Serve), sent
-        concurrently; per item a result or the error it hit, in the order given."""
+        """Many leases' calls: one request per owner replica (one hop through Serve; on a
+        ``direct`` farm straight to the owner's listener), sent concurrently; per item a result
+        or the error it hit, in the order given."""
         async def send(env: str, owner: str, group: list[tuple[Lease, str, dict[str, Any]]]
                        ) -> list[CallResult | EnvfarmError]:
             body = {"calls": [{"env": lease.env, "lease_id": lease.lease_id,
                                "token": lease.token, "tool": tool, "arguments": arguments}
                               for lease, tool, arguments in group]}
-            data = BatchResponse.model_validate(await self._json(
-                "POST", f"/envs/{env}/owners/{owner}/batch", json_body=body))
+            path = f"/envs/{env}/owners/{owner}/batch"
+            via = group[0][0]._direct  # one owner, one listener
+            try:
+                reply = await self._request("POST", path, json_body=body, via=via)
+            except TransportError as exc:
+                if via is None:
+                    raise
+                for lease, _, _ in group:
+                    lease._direct = None  # the front from now on, as for a lease's own calls
+                if exc.fields.get("sent") is not False:
+                    raise  # lost in flight: its calls may have run, never sent twice
+                reply = await self._request("POST", path, json_body=body)  # the front knows
+            data = BatchResponse.model_validate(_decode(reply, "POST", path))
             return [item.result if item.result is not None else _item_error(item)
                     for item in data.results]
 

@@ -83,6 +83,9 @@ async def test_a_direct_client_sends_a_leases_requests_to_its_owner_past_the_doo
             if lease is leases[-1]:  # the fork began with its parent's state
                 expected.add(f"direct-{leases[0].lease_id}")
             assert set(names) == expected, names
+        # many leases' calls in one request per owner go to the owners' listeners too
+        batch = await farm.batch_call([(lease, "list_wishlists", {}) for lease in leases])
+        assert all(not isinstance(r, Exception) and r.ok for r in batch), batch
         through_door = (await door.hop.remote())["sent_direct"] - sent0
         after = await _replicas(pool)
         for lease in leases:

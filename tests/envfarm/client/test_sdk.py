@@ -233,6 +233,8 @@ async def test_a_direct_client_sends_a_leases_requests_to_its_owner(local_farm):
         front.paths.clear()
         assert (await owned.call("list_wishlists"))["wishlists"]
         await owned.tools()
+        (listed,) = await farm.batch_call([(owned, "list_wishlists", {})])
+        assert listed.ok and listed.result["wishlists"]
         await owned.release()
         assert front.paths == []
 
@@ -250,11 +252,19 @@ async def test_a_direct_client_falls_back_to_the_front_when_the_owner_does_not_a
                 {**lease.info.model_dump(), "direct_url": closed}))
             assert (await refused.call("create_wishlist", {"name": "x"}))["name"] == "x"
             assert refused._direct is None  # the front from now on
+            # a batch of calls likewise: refused at the owner, sent through the front
+            refused = type(lease)(farm, refused.info)
+            (done,) = await farm.batch_call([(refused, "create_wishlist", {"name": "y"})])
+            assert done.ok and done.result["name"] == "y" and refused._direct is None
             # lost in flight: a tool call that may have run is not sent again ...
             cut = type(lease)(farm, LeaseInfo.model_validate(
                 {**lease.info.model_dump(), "direct_url": hang_up}))
             with pytest.raises(TransportError):
                 await cut.call("create_wishlist", {"name": "maybe"})
+            assert cut._direct is None
+            cut = type(lease)(farm, cut.info)
+            with pytest.raises(TransportError):  # a batch lost in flight is not sent again either
+                await farm.batch_call([(cut, "create_wishlist", {"name": "maybe2"})])
             assert cut._direct is None
             # ... and where the lease is gone, the front's typed 410 says so
             await lease.release()
