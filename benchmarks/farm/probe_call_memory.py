@@ -36,26 +36,27 @@ async def _calls(core, leases, rounds: int) -> None:
             await asyncio.sleep(0)  # one loop iteration, as between a server's requests
 
 
-async def probe(rss_rounds: int) -> dict:
-    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8), isolation="in_process"),
+async def probe(rss_rounds: int, isolation: str = "in_process", n_leases: int = 16) -> dict:
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=8), isolation=isolation),
                         owner="probe")
     leases = [core.leases[(await core.create_lease(ENV, LeaseRequest())).lease_id]
-              for _ in range(16)]
+              for _ in range(n_leases)]
     for lease in leases:
         await core.call(lease, "create_wishlist", {"name": lease.lease_id})
     rss = []
-    for _ in range(rss_rounds):  # 16 x 100 calls per round
+    per_round = 100 * len(leases)
+    for _ in range(rss_rounds):  # 100 calls per lease per round
         t0 = time.perf_counter()
         await _calls(core, leases, 100)
         gc.collect()
-        rss.append({"calls": 1600, "s": round(time.perf_counter() - t0, 2),
+        rss.append({"calls": per_round, "s": round(time.perf_counter() - t0, 2),
                     "rss_mib": round(psutil.Process().memory_info().rss / 2**20, 1)})
     await asyncio.sleep(11)  # past the guards' 10 s deadlines (the watchdog holds them till then)
     gc.collect()
     tracemalloc.start(8)
     before = tracemalloc.take_snapshot()
     rss_before = psutil.Process().memory_info().rss
-    await _calls(core, leases, 150)
+    await _calls(core, leases, 2400 // len(leases) or 1)
     await asyncio.sleep(11)
     gc.collect()
     diff = tracemalloc.take_snapshot().compare_to(before, "traceback")
@@ -65,9 +66,10 @@ async def probe(rss_rounds: int) -> dict:
     first, last = rss[0]["rss_mib"], rss[-1]["rss_mib"]
     half = len(rss) // 2  # past the watchdog's 10 s window of guards
     return {"rss_by_round": rss,
-            "rss_growth_bytes_per_call": round((last - first) * 2**20 / (1600 * (len(rss) - 1))),
+            "leases": len(leases),
+            "rss_growth_bytes_per_call": round((last - first) * 2**20 / (per_round * (len(rss) - 1))),
             "rss_growth_bytes_per_call_second_half": round(
-                (last - rss[half]["rss_mib"]) * 2**20 / (1600 * max(1, len(rss) - 1 - half))),
+                (last - rss[half]["rss_mib"]) * 2**20 / (per_round * max(1, len(rss) - 1 - half))),
             "traced": {"calls": 2400,
                        "python_heap_growth_bytes": sum(d.size_diff for d in diff),
                        "rss_growth_bytes": rss_after - rss_before, "top": top}}
@@ -77,8 +79,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=24)
     p.add_argument("--json", default=None)
+    p.add_argument("--leases", type=int, default=16)
+    p.add_argument("--isolation", choices=("in_process", "workers"), default="in_process",
+                   help="workers: env code in its confined worker processes (a Serve replica's "
+                   "way); the RSS is this process's, the front's")
     args = p.parse_args()
-    out = asyncio.run(probe(args.rounds))
+    out = asyncio.run(probe(args.rounds, args.isolation, args.leases))
+    out["isolation"] = args.isolation
     text = json.dumps(out, indent=1)
     if args.json:
         with open(args.json, "w") as f:

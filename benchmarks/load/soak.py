@@ -39,8 +39,10 @@ TTL_MARGIN_S = 900.0
 class Soak:
     """The traffic and everything it saw."""
 
-    def __init__(self, url: str, leases: int, duration_s: float) -> None:
+    def __init__(self, url: str, leases: int, duration_s: float, direct: bool = False) -> None:
         self.url, self.n, self.duration_s = url, leases, duration_s
+        self.direct = direct  # calls to the lease's owner listener (``direct_url``), the Door skipped
+        self.direct_calls = 0
         self.errors: Counter = Counter()
         self.gone_owners: Counter = Counter()
         self.per_second: Counter = Counter()
@@ -71,8 +73,9 @@ class Soak:
                 self.errors[f"transport {type(exc).__name__}"] += 1
             await asyncio.sleep(0.2)
 
-    def _call_url(self, info: dict) -> str:
-        return f"{self.url}/envs/{ENV}/leases/{info['lease_id']}/call"
+    def _call_url(self, info: dict, front: bool = False) -> str:
+        base = info.get("direct_url") if self.direct and not front else None
+        return f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/{info['lease_id']}/call"
 
     def _error(self, status: int, body: bytes, content_type: str) -> None:
         if "json" in content_type:
@@ -89,16 +92,28 @@ class Soak:
         self.held += 1
         await ready.wait()
         read = {"tool": "list_wishlists"}
+        front = False  # a direct lease whose owner refused the connection asks the front (the SDK's rule)
         while not self.stop.is_set():
             t = time.monotonic()
+            url = self._call_url(info, front)
             try:
-                async with s.post(self._call_url(info), json=read, headers=auth(info)) as r:
+                async with s.post(url, json=read, headers=auth(info)) as r:
                     body = await r.read()
                     status, ctype = r.status, r.content_type
+            except aiohttp.ClientConnectorError as exc:
+                if self.direct and not front and info.get("direct_url"):
+                    self.errors["direct refused: asked the front"] += 1
+                    front = True
+                    continue
+                self.errors[f"transport {type(exc).__name__}"] += 1
+                await asyncio.sleep(0.2)
+                continue
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.errors[f"transport {type(exc).__name__}"] += 1
                 await asyncio.sleep(0.2)
                 continue
+            if not url.startswith(self.url):
+                self.direct_calls += 1
             now = time.monotonic()
             self.calls += 1
             self.per_second[int(now - self.t0)] += 1
@@ -114,6 +129,7 @@ class Soak:
             if status == 410:  # its replica is gone: record whose, take a new lease
                 self.gone_owners[info["lease_id"].split("-")[0]] += 1
                 info = await self._acquire(s)
+                front = False
 
 
 def only_loopback() -> bool:
@@ -132,7 +148,7 @@ async def replicas(app: str) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
-    soak = Soak(url, args.leases, args.duration)
+    soak = Soak(url, args.leases, args.duration, direct=args.direct)
     rss = RssLog(session_dir)
     ready = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=args.connections)
@@ -180,11 +196,12 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
         failures.append(f"5xx/transport errors: {bad}")
     return {
         "config": {"leases": args.leases, "duration_s": args.duration, "replicas": args.replicas,
-                   "door_hop": args.door_hop,
+                   "door_hop": args.door_hop, "direct": args.direct,
                    "connections": args.connections, "tool": "list_wishlists (reads own state)",
                    "cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "acquire_all_s": round(acquire_s, 1),
         "calls": soak.calls, "calls_per_s": round(soak.calls / args.duration, 1),
+        "direct_calls": soak.direct_calls,
         "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
         "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
         "errors_by_kind": dict(soak.errors),
@@ -238,6 +255,8 @@ def main() -> None:
                    help="max_ongoing_requests per pool replica (default: the farm's)")
     p.add_argument("--door-hop", choices=("http", "handle"), default="http",
                    help="how the Door reaches a lease's owner (DeploymentOptions.door_hop)")
+    p.add_argument("--direct", action="store_true",
+                   help="send each lease's calls to its owner's listener (LeaseInfo.direct_url)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--name", default="soak", help="results/<name>.json and .png")
     args = p.parse_args()
