@@ -36,9 +36,9 @@ class _Ask:
 def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
                    eos: int, pad: int, generators: list[Any] | None = None
                    ) -> list[tuple[list[int], list[float]]]:
-    """(completion ids, their log-probs under the sampling policy, softmax(logits / T); greedy:
-    the raw logits) of each prompt; a completion
-    ends with ``eos`` when it stopped, or has ``max_new_tokens`` ids when it did not."""
+    """(completion ids, their log-probs under the sampling policy softmax(logits / T), greedy:
+    the raw logits) of each prompt; a completion ends with ``eos`` when it stopped, or has
+    ``max_new_tokens`` ids when it did not."""
     import torch
     from transformers import DynamicCache
 
