@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from benchmarks.judge.bench_verifier_procs import emit, side_by_side  # noqa: E402
+from benchmarks.judge.bench_verifier_procs import _export, emit, side_by_side  # noqa: E402
 
 PHASES = ("forked", "jail", "request", "landlock", "verifier")
 
@@ -83,15 +83,13 @@ def _instrument(tree: Path) -> None:
 
 
 def _copy(rev: str | None) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="envfarm-phases-"))
     if rev is None:
+        folder = Path(tempfile.mkdtemp(prefix="envfarm-phases-"))
         for name in ("judge", "envfarm"):
             shutil.copytree(ROOT / name, folder / name,
                             ignore=shutil.ignore_patterns("__pycache__"))
     else:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "judge", "envfarm"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        folder = Path(_export(rev))  # the commit's judge/ and envfarm/, as bench_verifier_procs takes them
     _instrument(folder)
     return folder
 
