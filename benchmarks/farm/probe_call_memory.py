@@ -56,7 +56,8 @@ async def probe(rss_rounds: int, isolation: str = "in_process", n_leases: int = 
     tracemalloc.start(8)
     before = tracemalloc.take_snapshot()
     rss_before = psutil.Process().memory_info().rss
-    await _calls(core, leases, 2400 // len(leases) or 1)
+    traced_rounds = max(1, 2400 // len(leases))
+    await _calls(core, leases, traced_rounds)
     await asyncio.sleep(11)
     gc.collect()
     diff = tracemalloc.take_snapshot().compare_to(before, "traceback")
@@ -70,7 +71,7 @@ async def probe(rss_rounds: int, isolation: str = "in_process", n_leases: int = 
             "rss_growth_bytes_per_call": round((last - first) * 2**20 / (per_round * (len(rss) - 1))),
             "rss_growth_bytes_per_call_second_half": round(
                 (last - rss[half]["rss_mib"]) * 2**20 / (per_round * max(1, len(rss) - 1 - half))),
-            "traced": {"calls": 2400,
+            "traced": {"calls": traced_rounds * len(leases),
                        "python_heap_growth_bytes": sum(d.size_diff for d in diff),
                        "rss_growth_bytes": rss_after - rss_before, "top": top}}
 
