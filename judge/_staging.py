@@ -88,8 +88,11 @@ class Stager:
         if os.stat(src).st_mtime_ns != st.st_mtime_ns:
             return tmp, False  # it changed while we copied: use this copy once
         path = os.path.join(self.dir, f"{key}.db")
-        os.replace(tmp, path)
         with self._lock:
+            if key in self._cached:  # another call staged it meanwhile: never replace a
+                _unlink(tmp)         # staged file (a verifier's Landlock rule holds its inode)
+                return self._hit(key), True
+            os.replace(tmp, path)
             self._add(key, path)
         return path, True
 

@@ -2,7 +2,9 @@
 
 ``Zygote`` starts ``_sandbox_worker.py`` jailed, then asks it (over a SOCK_SEQPACKET pair,
 with SCM_RIGHTS) to fork one child per verification; a reader thread turns what the zygote
-reports (a child's pid, then its exit status) into ``Job`` events the sandbox waits on.
+reports (a child's pid, then its exit status) into ``Job`` events the sandbox waits on. Each
+job carries the Landlock ruleset its child stacks (the zygote's readable roots, opened here
+once, and the job's two databases): made here, where it costs no copied pages.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class Zygote:
         self._jobs: dict[int, Job] = {}
         self._lock = threading.Lock()
         self._seq = 0
+        self._roots: envfarm.confined.jail.OpenedRoots | None = None
         self.jail = self._wait_ready()
         self._reader = threading.Thread(target=self._read, name="verifier-zygote", daemon=True)
         self._reader.start()
@@ -151,6 +154,8 @@ class Zygote:
             self.kill()
             why = hello.get("error") or ("did not start in time" if not ready else "exited")
             raise WorkerLost(f"verifier zygote: {why}")
+        if hello.get("roots") is not None:  # it has Landlock: each job brings a ruleset
+            self._roots = envfarm.confined.jail.open_roots(hello["roots"])
         return str(hello.get("jail", ""))
 
     def _read(self) -> None:
@@ -181,18 +186,30 @@ class Zygote:
                 job.started.set()
                 job.ended.set()
 
-    def start(self, cpu_s: float, req_r: int, rep_w: int) -> tuple[int, Job]:
+    def start(self, cpu_s: float, req_r: int, rep_w: int,
+              databases: tuple[str, str]) -> tuple[int, Job]:
+        """Ask for a child reading ``req_r``, writing ``rep_w``, that may read ``databases``
+        (and the zygote's roots) only."""
         job = Job()
-        with self._lock:
+        with self._lock:  # with kill(): the roots stay open while a ruleset is made of them
+            fds = [req_r, rep_w]
+            if self._roots is not None:
+                try:
+                    ruleset = envfarm.confined.jail.read_ruleset(databases, self._roots)
+                except envfarm.confined.jail.JailError as exc:
+                    raise WorkerLost(f"cannot confine the verifier: {exc}") from None
+                fds.append(ruleset)
             self._seq = self._seq % 0xFFFF_FFFF + 1  # a u32 on the wire
             job_id = self._seq
             self._jobs[job_id] = job
             try:
-                socket.send_fds(self._sock, [_sandbox_worker.JOB.pack(job_id, cpu_s)],
-                                [req_r, rep_w])
+                socket.send_fds(self._sock, [_sandbox_worker.JOB.pack(job_id, cpu_s)], fds)
             except OSError:
                 del self._jobs[job_id]
                 raise WorkerLost("verifier zygote is gone") from None
+            finally:
+                if len(fds) > 2:
+                    os.close(fds[2])
         return job_id, job
 
     def forget(self, job_id: int) -> None:
@@ -207,3 +224,7 @@ class Zygote:
     def kill(self) -> None:
         end_confined(self.proc, group=True)  # the zygote and every child of its group
         self._sock.close()
+        with self._lock:
+            if self._roots is not None:
+                self._roots.close()
+                self._roots = None

@@ -267,7 +267,7 @@ class VerifierSandbox:
                 "final_answer": final_answer,
             }, bytecode)
             try:
-                reply = self._call(request, timeout_s or self.config.timeout_s)
+                reply = self._call(request, (initial, final), timeout_s or self.config.timeout_s)
             except WorkerLost as gone:
                 return fail(VerifierErrorKind(gone.kind or VerifierErrorKind.crashed), gone.reason)
         finally:
@@ -288,8 +288,10 @@ class VerifierSandbox:
         return VerifierResult(ok=True, mode=spec.mode, function=spec.function, result=result,
                               elapsed_s=time.perf_counter() - t0)
 
-    def _call(self, frame: bytes, timeout_s: float) -> dict[str, Any]:
-        """One request to one fresh child, over two pipes made for it alone."""
+    def _call(self, frame: bytes, databases: tuple[str, str],
+              timeout_s: float) -> dict[str, Any]:
+        """One request to one fresh child, over two pipes made for it alone; of the staged
+        files it may read ``databases`` only."""
         if len(frame) > _MAX_REQUEST:
             raise WorkerLost(f"verifier request too large ({len(frame)} bytes)",
                              kind=VerifierErrorKind.bad_input)
@@ -305,7 +307,7 @@ class VerifierSandbox:
             os.close(req_w)
             req_w = -1
             cpu_s = self.config.cpu_s or self.config.timeout_s
-            job_id, job = zygote.start(cpu_s, req_r, rep_w)
+            job_id, job = zygote.start(cpu_s, req_r, rep_w, databases)
         except BaseException:
             for fd in (req_w, rep_r):
                 if fd >= 0:

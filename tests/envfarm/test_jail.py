@@ -427,6 +427,101 @@ def test_a_zygote_given_compiled_filters_confines_its_children_alike():
     assert got["nested"] == []  # a folder already grants what is in it
 
 
+_RULESET = _c("""
+    import json, os, tempfile
+    from envfarm.confined import jail
+    folder = tempfile.mkdtemp()
+    for name in ("mine.db", "other.db"):
+        with open(os.path.join(folder, name), "w") as fh:
+            fh.write(name)
+    roots = jail.open_roots(jail.readable_roots())
+    # Made outside the jail, as a verifier sandbox's front makes one for each job.
+    ruleset = jail.read_ruleset([os.path.join(folder, "mine.db")], roots)
+    r, w = os.pipe()
+    jail.enter(jail.JailPolicy(read_paths=(folder,), processes=True, threads=False),
+               keep_fds=(1, 2, r, w, ruleset))
+    def reads(path):
+        try:
+            with open(path) as fh:
+                return fh.read(4) and "allowed"
+        except PermissionError:
+            return "denied"
+    pid = os.fork()
+    if pid == 0:
+        jail.apply_ruleset(ruleset)
+        out = {what: reads(os.path.join(folder, what + ".db")) for what in ("mine", "other")}
+        out.update(stdlib=reads(json.__file__), passwd=reads("/etc/passwd"))
+        try:
+            os.fstat(ruleset)
+            out["ruleset"] = "open"
+        except OSError:
+            out["ruleset"] = "closed"
+        os.write(w, json.dumps(out).encode()); os._exit(0)
+    os.waitpid(pid, 0)
+    print(json.dumps({"child": json.loads(os.read(r, 1000)),
+                      "parent": reads(os.path.join(folder, "other.db"))}))
+""")
+
+
+def test_a_ruleset_made_outside_confines_the_child_that_applies_it():
+    """A verifier sandbox's front makes each child's Landlock layer; the child stacks it."""
+    got = _script(_RULESET)
+    assert got["child"] == {"mine": "allowed", "other": "denied", "stdlib": "allowed",
+                            "passwd": "denied", "ruleset": "closed"}
+    assert got["parent"] == "allowed"  # the layer is the child's alone
+
+
+_LAYER = _c("""
+    import ctypes, dataclasses, json, os, resource
+    from envfarm.confined import jail
+    policy = jail.JailPolicy(processes=True, threads=False)
+    child = jail.JailPolicy(memory_mb=256, max_open_files=32, new_session=False, threads=False)
+    r, w = os.pipe()
+    jail.enter(policy, keep_fds=(1, 2, r, w), compiled=jail.seccomp_filter(policy))
+    bound = jail.prepare(child, compiled=jail.seccomp_filter(child, stacked=True))
+    generic = dataclasses.replace(bound, layer=None)
+    out = {"has_layer": bound.layer is not None}
+    for name, prepared in (("bound", bound), ("generic", generic)):
+        pid = os.fork()
+        if pid == 0:
+            got = {}
+            try:
+                prepared.enter(keep_fds=(w,), cpu_s=3)
+                libc, sig = ctypes.CDLL(None), ctypes.c_int()
+                libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+                got = {"cpu": resource.getrlimit(resource.RLIMIT_CPU),
+                       "files": resource.getrlimit(resource.RLIMIT_NOFILE),
+                       "memory": resource.getrlimit(resource.RLIMIT_AS),
+                       "own_group": os.getpgid(0) == os.getpid(), "pdeathsig": sig.value,
+                       "other_fd": "open" if os.path.exists(f"/dev/fd/{r}") else "closed"}
+                try:
+                    os.fork()
+                    got["fork"] = "allowed"
+                except PermissionError:
+                    got["fork"] = "denied"
+            except BaseException as exc:
+                got["error"] = repr(exc)
+            finally:
+                os.write(w, json.dumps(got).encode())
+                os._exit(0)
+        os.waitpid(pid, 0)
+        out[name] = json.loads(os.read(r, 1000))
+    print(json.dumps(out))
+""")
+
+
+def test_a_bound_stacked_layer_confines_as_the_generic_steps_do():
+    """A zygote binds its children's layer once (issue 35); the limits are the same."""
+    got = _script(_LAYER)
+    assert got.pop("has_layer") is True
+    assert got["bound"] == got["generic"]
+    soft, hard = got["bound"]["cpu"]  # 3 s from now: the second it is in, rounded up
+    assert soft in (3, 4) and hard == soft + 1 and got["bound"]["files"] == [32, 32]
+    assert got["bound"]["memory"] == [256 << 20, 256 << 20]
+    assert got["bound"]["own_group"] and got["bound"]["pdeathsig"] == 9
+    assert got["bound"]["fork"] == "denied" and got["bound"]["other_fd"] == "closed"
+
+
 _ORPHAN = _c("""
     import os, sys, time
     from envfarm.confined.jail import JailPolicy, enter

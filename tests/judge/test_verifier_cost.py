@@ -1,19 +1,26 @@
 """What keeps a fresh-process verification cheap (issue 35), and that it stays fresh: the
 zygote carries no after-fork hooks nor libseccomp, each child reseeds random for itself,
-connections to a staged database share one read-only cache, and a final snapshot is staged
-for its one call only."""
+connections to a staged database share one read-only cache and run no Python to make their
+statement caches, and a final snapshot is staged for its one call only."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from envfarm.confined.jail import support
+from envfarm.confined.jail import read_ruleset, support
+from judge import _sandbox_harness
+from judge._sandbox_worker import JOB
 from judge._staging import Stager
-from tests.judge.test_verifier_isolation import _code
+from judge._zygote import Job
+from tests.judge.test_verifier_isolation import HONEST, _code
 
 needs_jail = pytest.mark.skipif(not support().ok, reason=f"kernel lacks: {support().describe()}")
 
@@ -69,6 +76,52 @@ def verify_task(a, b):
     assert sqlite3.connect(small_dbs[1]).execute("SELECT COUNT(*) FROM t").fetchone()[0] == 2
 
 
+@needs_jail
+def test_a_job_without_its_landlock_layer_gets_no_child(sandbox, small_dbs):
+    # The front makes each child's Landlock layer (its two databases, not the whole staging
+    # folder) and sends it with the job: a job without one must not run.
+    assert sandbox.run_sync(HONEST, *small_dbs).ok
+    zygote = sandbox._zygote()
+    started = {}
+    for job_id, with_layer in ((0xFFFF_FF00, False), (0xFFFF_FF01, True)):
+        (req_r, req_w), (rep_r, rep_w) = os.pipe(), os.pipe()
+        os.close(req_w)
+        fds = [req_r, rep_w]
+        if with_layer:
+            fds.append(read_ruleset([str(small_dbs[0])], zygote._roots))
+        job = Job()
+        with zygote._lock:
+            zygote._jobs[job_id] = job
+        socket.send_fds(zygote._sock, [JOB.pack(job_id, 5.0)], fds)
+        for fd in fds:
+            os.close(fd)
+        started[with_layer] = job.started.wait(1.0)
+        zygote.forget(job_id)
+        os.close(rep_r)
+    assert started == {False: False, True: True}
+
+
+def test_a_connection_makes_its_statement_cache_without_python():
+    # sqlite3 makes each connection's statement cache with functools.lru_cache, whose
+    # update_wrapper is Python: pages copied in every child, once per connection.
+    probe = f"""
+import functools, json, runpy, sys
+harness = runpy.run_path({str(Path(_sandbox_harness.__file__))!r}, run_name="probe")
+calls = []
+sys.setprofile(lambda frame, event, arg: event == "call" and calls.append(
+    frame.f_code.co_filename + ":" + frame.f_code.co_name))
+conn = harness["sqlite3"].connect(":memory:")
+rows = [conn.execute("SELECT ?", (i,)).fetchone()[0] for i in range(3)]  # cached statement
+sys.setprofile(None)
+print(json.dumps({{"functools": [c for c in calls if "functools" in c], "rows": rows,
+                   "lru_cache": functools.lru_cache.__module__}}))
+"""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout) == {"functools": [], "rows": [0, 1, 2],
+                                      "lru_cache": "functools"}
+
+
 def _db(rows: int) -> bytes:
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE t (x)")
@@ -96,6 +149,39 @@ def test_a_kept_snapshot_is_staged_once_and_a_final_one_for_its_call():
         assert Path(kept).exists()  # kept for the next verification of the same env
     finally:
         stager.close()
+
+
+def test_a_path_staged_by_concurrent_calls_is_never_replaced_under_them(tmp_path):
+    # Each caller's verifier gets a Landlock rule on the staged file's inode: a second copy
+    # renamed over it (two calls missing the cache at once) left the first one's child unable
+    # to open its database ("unable to open database file", 20 concurrent runs).
+    import threading
+
+    src = tmp_path / "a.db"
+    src.write_bytes(_db(20_000))
+    for _ in range(10):
+        stager = Stager()
+        barrier, got = threading.Barrier(8), []
+
+        def stage() -> None:
+            barrier.wait()
+            path, cached = stager.stage(src)
+            got.append((path, os.stat(path).st_ino, cached))
+
+        try:
+            threads = [threading.Thread(target=stage) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len({path for path, _, _ in got}) == 1 and all(cached for *_, cached in got)
+            assert {ino for _, ino, _ in got} == {os.stat(got[0][0]).st_ino}
+            assert len(os.listdir(stager.dir)) == 1  # the losers' copies removed
+            for path, _, cached in got:
+                stager.release(path, cached)
+            assert stager._pins == {}
+        finally:
+            stager.close()
 
 
 def test_kept_snapshots_are_evicted_least_recently_used_first():

@@ -16,7 +16,10 @@ kernel has.
 from __future__ import annotations
 
 import functools
+import math
 import os
+import resource
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,8 +28,9 @@ from envfarm.confined.jail import _identity, _imports, _landlock, _process, _sec
 from envfarm.confined.jail._identity import WorkerIdentity, uid_from_config, worker_identity
 
 __all__ = ["JailError", "JailPolicy", "JailSupport", "OpenedRoots", "PreparedJail", "WorkerIdentity",
-           "enter", "open_roots", "prepare", "readable_roots", "restrict_reads",
-           "seccomp_filter", "support", "switch_identity", "uid_from_config", "worker_identity"]
+           "apply_ruleset", "enter", "open_roots", "prepare", "read_ruleset", "readable_roots",
+           "restrict_reads", "seccomp_filter", "support", "switch_identity", "uid_from_config",
+           "worker_identity"]
 
 
 class JailError(RuntimeError):
@@ -224,6 +228,70 @@ def enter(policy: JailPolicy, keep_fds: Sequence[int] = (0, 1, 2),
     return have
 
 
+class _StackedLayer:
+    """What a child of a jailed process (a zygote) does to stack a prepared layer, bound in
+    that process once: a child inherits its limits and knows its parent, so everything that
+    depends on them is worked out before the child exists, and the child runs it without
+    wrappers, lookups or ctypes objects made on the way (each object a fresh child touches
+    is a page it copies). The same steps, limits and order as the generic path."""
+
+    def __init__(self, policy: JailPolicy, ruleset: int | None,
+                 flt: _seccomp.Filter | None) -> None:
+        lowered = _process.lowered
+        self._new_session = policy.new_session
+        self._parent = os.getpid() if policy.parent_pid is None else policy.parent_pid
+        self._memory = None if policy.memory_mb is None else lowered(
+            resource.RLIMIT_AS, policy.memory_mb << 20)
+        self._cpu_s = policy.cpu_s
+        self._cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        self._files = lowered(resource.RLIMIT_NOFILE, policy.max_open_files)
+        self._arm_pdeathsig = _process.pdeathsig_arm()
+        self._ruleset = ruleset
+        self._filter = flt
+
+    def enter(self, keep_fds: Sequence[int], cpu_s: float | None, ruleset: int | None) -> None:
+        # One function, few calls: each function a child runs is two more pages it copies.
+        rulesets = (self._ruleset, ruleset)
+        cpu_s = self._cpu_s if cpu_s is None else cpu_s
+        try:
+            low = 0
+            for fd in sorted({*keep_fds, *rulesets} - {None}):
+                if fd > low:
+                    os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, 1 << 30)
+            if self._new_session:
+                _process.own_session(True)
+            else:  # a zygote's child: not a session leader, not yet a group leader
+                os.setpgid(0, 0)
+            self._arm_pdeathsig()
+            if os.getppid() != self._parent:  # it died before the signal was armed
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self._memory is not None:
+                resource.setrlimit(resource.RLIMIT_AS, self._memory)
+            if cpu_s is not None:  # from now, as tighten_limits
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                soft = math.ceil(ru.ru_utime + ru.ru_stime + cpu_s)
+                hard = soft + 1 if self._cpu_hard == resource.RLIM_INFINITY else min(
+                    soft + 1, self._cpu_hard)  # SIGXCPU, then SIGKILL a second later
+                resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, self._files)
+        except OSError as exc:
+            raise JailError(f"cannot confine the process: {exc}", layer="process") from exc
+        try:
+            for fd in rulesets:
+                if fd is not None:
+                    _landlock.restrict_self(fd)
+                    os.close(fd)
+        except OSError as exc:
+            raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+        try:
+            if self._filter is not None:
+                self._filter.load()
+        except OSError as exc:
+            raise JailError(f"seccomp failed: {exc}", layer="seccomp") from exc
+
+
 @dataclass(frozen=True)
 class PreparedJail:
     """A jail made ready once in a parent (a zygote) and entered by each child it forks, for
@@ -239,27 +307,35 @@ class PreparedJail:
     #: Prepared in a jailed process (no uid to switch): see ``enter``.
     stacked: bool = False
     filter: _seccomp.Filter | None = None
+    #: A stacked layer's steps, bound in the process that prepared it (see ``_StackedLayer``).
+    layer: _StackedLayer | None = None
 
-    def enter(self, keep_fds: Sequence[int] = (0, 1, 2),
-              cpu_s: float | None = None) -> JailSupport:
+    def enter(self, keep_fds: Sequence[int] = (0, 1, 2), cpu_s: float | None = None,
+              ruleset: int | None = None) -> JailSupport:
         """Confine this process, forked from the one that prepared it (so it has one thread);
         as ``enter``, irreversible. ``cpu_s``: this child's CPU limit, instead of the policy's.
-        A child of a jailed process inherits its empty environment, capabilities (none),
+        ``ruleset``: a ``read_ruleset`` descriptor (kept open until then) to stack too, and
+        close. A child of a jailed process inherits its empty environment, capabilities (none),
         no_new_privs, core and file-size limits: a stacked layer sets only the rest."""
+        if self.layer is not None:
+            self.layer.enter(keep_fds, cpu_s, ruleset)
+            return self.have
         global _ENTERED_ROOTS
-        ruleset = [self.ruleset_fd] if self.ruleset_fd is not None else []
+        kept = [fd for fd in (self.ruleset_fd, ruleset) if fd is not None]
         if self.stacked:
-            self._tighten((*keep_fds, *ruleset), cpu_s)
+            self._tighten((*keep_fds, *kept), cpu_s)
         else:
             policy = self.policy if cpu_s is None else replace(self.policy, cpu_s=cpu_s)
             _check(policy)
-            _process_steps(policy, (*keep_fds, *_pin_imports(policy), *ruleset))
+            _process_steps(policy, (*keep_fds, *_pin_imports(policy), *kept))
         try:
             if self.ruleset_fd is not None:
                 _landlock.restrict_self(self.ruleset_fd)
                 os.close(self.ruleset_fd)
         except OSError as exc:
             raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+        if ruleset is not None:
+            apply_ruleset(ruleset)
         try:
             if self.filter is not None:
                 self.filter.load()
@@ -294,8 +370,9 @@ def prepare(policy: JailPolicy, compiled: bytes | None = None,
         bpf = compiled if compiled is not None else _seccomp.program(
             None, policy.threads, policy.processes, first=_ENTERED_ROOTS is None)
     stacked = _ENTERED_ROOTS is not None and not _switches_uid(policy) and not policy.keep_imports
-    return PreparedJail(policy, have, roots, ruleset, bpf, stacked,
-                        _seccomp.Filter(bpf) if bpf is not None else None)
+    flt = _seccomp.Filter(bpf) if bpf is not None else None
+    return PreparedJail(policy, have, roots, ruleset, bpf, stacked, flt,
+                        _StackedLayer(policy, ruleset, flt) if stacked else None)
 
 
 def switch_identity(policy: JailPolicy) -> None:
@@ -320,6 +397,8 @@ class OpenedRoots:
     they read nothing themselves; a child closes them (``close``) before running anything."""
 
     fds: tuple[tuple[int, bool], ...]  # (descriptor, is a folder)
+    #: Their Landlock rules, made once for ``read_ruleset`` (None without Landlock).
+    rules: _landlock.ReadRules | None = None
 
     def close(self) -> None:
         for fd, _ in self.fds:
@@ -327,8 +406,11 @@ class OpenedRoots:
 
 
 def open_roots(paths: Sequence[str]) -> OpenedRoots:
-    """``paths`` opened for later ``restrict_reads`` calls (those that exist)."""
-    return OpenedRoots(tuple(_landlock.open_paths(paths)))
+    """``paths`` opened for later ``restrict_reads`` and ``read_ruleset`` calls (those that
+    exist)."""
+    fds = tuple(_landlock.open_paths(paths))
+    abi = support().landlock_abi
+    return OpenedRoots(fds, _landlock.ReadRules(abi, fds) if abi else None)
 
 
 def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> None:
@@ -344,3 +426,30 @@ def restrict_reads(paths: Sequence[str], opened: OpenedRoots | None = None) -> N
                                      opened.fds if opened is not None else ())
     except OSError as exc:
         raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+
+
+def read_ruleset(paths: Sequence[str], opened: OpenedRoots | None = None) -> int | None:
+    """The layer ``restrict_reads`` would stack, as a Landlock ruleset descriptor made here and
+    applied by another process (``apply_ruleset``), e.g. a zygote's child that gets it with
+    its job: the child then pays one syscall, not the ruleset's making. None without Landlock.
+    The caller closes it once handed over."""
+    have = support()
+    if not have.landlock_abi:
+        return None
+    try:
+        if opened is not None and opened.rules is not None:
+            return opened.rules.ruleset(list(paths))
+        return _landlock.read_only_ruleset(list(paths), have.landlock_abi,
+                                           opened.fds if opened is not None else ())
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+
+
+def apply_ruleset(ruleset: int) -> None:
+    """Stack the layer of a ``read_ruleset`` descriptor on this process and close it."""
+    try:
+        _landlock.restrict_self(ruleset)
+    except OSError as exc:
+        raise JailError(f"landlock failed: {exc}", layer="landlock") from exc
+    finally:
+        os.close(ruleset)

@@ -72,12 +72,7 @@ def open_paths(paths: list[str]) -> list[tuple[int, bool]]:
     return out
 
 
-def read_only_ruleset(paths: list[str], abi: int,
-                      opened: tuple[tuple[int, bool], ...] = ()) -> int:
-    """A ruleset fd: reads under ``paths`` and the already ``opened`` ones only, no writes
-    anywhere, no TCP bind/connect, no signals or abstract unix sockets beyond the domain. It can
-    be made once and applied, with ``restrict_self``, in every child forked after (the fd is
-    inherited)."""
+def _ruleset_attr(abi: int) -> tuple[_RulesetAttr, int]:
     attr = _RulesetAttr(handled_access_fs=handled_fs(abi))
     size = 8
     if abi >= 4:
@@ -86,32 +81,65 @@ def read_only_ruleset(paths: list[str], abi: int,
     if abi >= 6:
         attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
         size = 24
-    ruleset = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr),
-                       ctypes.c_size_t(size), ctypes.c_uint32(0))
-    try:
-        for fd, is_dir in opened:
-            _add_rule(ruleset, fd, is_dir)
-        for fd, is_dir in open_paths(paths):
-            try:
-                _add_rule(ruleset, fd, is_dir)
-            finally:
-                os.close(fd)
-    except BaseException:
-        os.close(ruleset)
-        raise
-    return ruleset
+    return attr, size
 
 
-def _add_rule(ruleset: int, fd: int, is_dir: bool) -> None:
-    rule = _PathBeneathAttr(allowed_access=READ_FILE | (READ_DIR if is_dir else 0), parent_fd=fd)
-    _syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset),
-             ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0))
+def read_only_ruleset(paths: list[str], abi: int,
+                      opened: tuple[tuple[int, bool], ...] = ()) -> int:
+    """A ruleset fd: reads under ``paths`` and the already ``opened`` ones only, no writes
+    anywhere, no TCP bind/connect, no signals or abstract unix sockets beyond the domain. It can
+    be made once and applied, with ``restrict_self``, in every child forked after (the fd is
+    inherited)."""
+    return ReadRules(abi, opened).ruleset(paths)
+
+
+class ReadRules:
+    """``read_only_ruleset`` for many calls over the same ``opened`` roots (a verifier
+    sandbox's front makes one per verification): the attributes and the roots' rules are made
+    once, each call adds its own ``paths``."""
+
+    def __init__(self, abi: int, opened: tuple[tuple[int, bool], ...] = ()) -> None:
+        attr, size = _ruleset_attr(abi)
+        self._create = (ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr),
+                        ctypes.c_size_t(size), ctypes.c_uint32(0))
+        self._rules = [ctypes.byref(_rule(fd, is_dir)) for fd, is_dir in opened]
+        self._keep = attr  # what the byref()s above point into
+
+    def ruleset(self, paths: list[str]) -> int:
+        ruleset = _syscall(*self._create)
+        try:
+            for rule in self._rules:
+                _add_rule(ruleset, rule)
+            for fd, is_dir in open_paths(paths):
+                try:
+                    _add_rule(ruleset, ctypes.byref(_rule(fd, is_dir)))
+                finally:
+                    os.close(fd)
+        except BaseException:
+            os.close(ruleset)
+            raise
+        return ruleset
+
+
+def _rule(fd: int, is_dir: bool) -> _PathBeneathAttr:
+    return _PathBeneathAttr(allowed_access=READ_FILE | (READ_DIR if is_dir else 0), parent_fd=fd)
+
+
+_ADD_RULE, _PATH_BENEATH = ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(_RULE_PATH_BENEATH)
+
+
+def _add_rule(ruleset: int, rule) -> None:
+    _syscall(_ADD_RULE, ctypes.c_int(ruleset), _PATH_BENEATH, rule, ctypes.c_uint32(0))
+
+
+_RESTRICT_SELF, _NO_FLAGS = ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_uint32(0)
 
 
 def restrict_self(ruleset: int) -> None:
     """Apply a ruleset to this thread (and what it forks later). Needs no_new_privs already set
-    and a single-threaded process."""
-    _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    and a single-threaded process. (Its constant arguments are made once: in a zygote's child,
+    each object made is a page copied.)"""
+    _syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), _NO_FLAGS)
 
 
 def restrict_read_only(paths: list[str], abi: int,

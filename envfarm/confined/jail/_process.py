@@ -23,6 +23,19 @@ def prctl(option: int, arg: int = 0) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def pdeathsig_arm():
+    """``die_with_parent``'s prctl with its arguments made once, for the many children of one
+    process (a zygote): in a fresh child, each object made is a page copied."""
+    call, args = _libc.prctl, (_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
+
+    def arm() -> None:
+        if call(*args) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return arm
+
+
 def close_fds_except(keep: Sequence[int]) -> None:
     low = 0
     for fd in sorted(set(keep)):
@@ -91,6 +104,13 @@ def tighten_limits(memory_mb: int | None, cpu_s: float | None, max_open_files: i
         soft = math.ceil(ru.ru_utime + ru.ru_stime + cpu_s)
         _lower(resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU, then SIGKILL a second later
     _lower(resource.RLIMIT_NOFILE, max_open_files)
+
+
+def lowered(which: int, soft: int) -> tuple[int, int]:
+    """What ``_lower(which, soft)`` would set, from this process's limits now."""
+    cur_hard = resource.getrlimit(which)[1]
+    hard = soft if cur_hard == resource.RLIM_INFINITY else min(soft, cur_hard)
+    return min(soft, hard), hard
 
 
 class _CapHeader(ctypes.Structure):
