@@ -89,13 +89,21 @@ def learn(config: Annotated[Path, typer.Option("--config", exists=True, dir_okay
           start_from: Annotated[Path | None, typer.Option(
               "--start-from", exists=True, file_okay=False,
               help="A saved SFT model (a learn run's model_sft): GRPO from it, no warm-up or SFT.")] = None,
+          grpo_steps: Annotated[int | None, typer.Option(
+              "--grpo-steps", min=1, help="Override grpo.steps (the total, counting resumed steps).")] = None,
+          resume: Annotated[bool, typer.Option(
+              "--resume", help="Continue --out-dir's GRPO from its last checkpoint up to the GRPO "
+                               "steps (optimizer and step restored; earlier evaluations kept).")] = False,
           ) -> None:
     """SFT to partial competence, then pure GRPO, on a task suite built from the bundled envs;
     the model's own success (greedy and sampled) on train and held-out tasks at each stage."""
     from trainer.learn import LearnConfig, prepare, run
 
     cfg = LearnConfig.from_yaml(config, seed=seed, out_dir=str(out_dir) if out_dir else None,
-                                threads=threads, start_from=str(start_from) if start_from else None)
+                                threads=threads, start_from=str(start_from) if start_from else None,
+                                resume=resume or None)
+    if grpo_steps is not None:
+        cfg.grpo["steps"] = grpo_steps
     suite = prepare(cfg, log=console.print)
     with farm_url(farm, str(suite.catalog), suite.envs, warm=16) as url:
         report = run(cfg, url, suite, log=console.print)

@@ -107,6 +107,9 @@ class LearnConfig(BaseModel):
     threads: int = Field(default=2, ge=1)
     start_from: str | None = Field(default=None, description="a saved SFT model (a learn run's "
                                    "model_sft folder): skip the warm-up and SFT, GRPO from it")
+    resume: bool = Field(default=False, description="continue this out_dir's GRPO from its last "
+                         "checkpoint (optimizer and step restored) up to grpo.steps; the evaluations "
+                         "before GRPO and the earlier steps' curve come from its learn.json")
     suite: SuiteConfig = Field(default_factory=SuiteConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     episode: EpisodeSettings = Field(default_factory=EpisodeSettings)
@@ -192,7 +195,9 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
     torch.set_num_threads(cfg.threads)
     clock = _Clock()
     out = Path(cfg.out_dir)
-    shutil.rmtree(out / "grpo", ignore_errors=True)  # a fresh run: nothing to resume
+    before = _resumable(out) if cfg.resume else None
+    if before is None:
+        shutil.rmtree(out / "grpo", ignore_errors=True)  # a fresh run: nothing to resume
     out.mkdir(parents=True, exist_ok=True)
     catalog = load_catalog(suite.catalog)
     train = suite.jobs("train")
@@ -208,13 +213,19 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
         model, tokenizer = load_model(cfg.start_from, dtype="float32")
     report["parameters"] = sum(p.numel() for p in model.parameters())
     ctx = _Run(cfg, farm_url, catalog, model, tokenizer, evals, clock, report, log)
-    if cfg.start_from is None:
+    if before is not None:  # what ran before the last checkpoint is already measured
+        report["evals"] = {k: v for k, v in before["evals"].items() if k != "grpo"}
+        report.update({k: before[k] for k in ("warmup", "sft") if k in before})
+        report["resumed"] = {"seconds": before["seconds"], "cpu_seconds": before["cpu_seconds"],
+                             "load": before["load"], "curve": before.get("grpo_curve", [])}
+    elif cfg.start_from is None:
         ctx.evaluate("init", sampled=False)
         ctx.warm_up(texts)
         ctx.supervised(train)
         model.save_pretrained(out / "model_sft")
         tokenizer.save_pretrained(out / "model_sft")
-    ctx.evaluate("sft")
+    if before is None:
+        ctx.evaluate("sft")
     ctx.grpo(Path(cfg.start_from) if cfg.start_from else out / "model_sft", suite)
     ctx.evaluate("grpo")
     report.update(clock.report())
@@ -223,6 +234,17 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
 
     plot(report, out / "learn.png")
     return report
+
+
+def _resumable(out: Path) -> dict[str, Any]:
+    """The learn.json of the run being resumed, checked to have a GRPO checkpoint to go on from."""
+    from trainer import checkpoint
+
+    report = out / "learn.json"
+    if not report.is_file() or checkpoint.latest(out / "grpo" / "checkpoints") is None:
+        raise ValueError(f"--resume: {out} holds no finished learn run with a GRPO checkpoint "
+                         "(learn.json and grpo/checkpoints/latest)")
+    return json.loads(report.read_text())
 
 
 def _eval_jobs(cfg: LearnConfig, suite: Suite) -> list[tuple[str, int, str]]:
@@ -322,8 +344,9 @@ class _Run:
         from trainer.train import Trainer, headline
 
         trainer = Trainer(self.cfg.train_config(start, suite), self.farm_url)
-        self.model = trainer.model  # the SFT model, now trained by GRPO
-        curve, every = [], self.cfg.eval.every
+        self.model = trainer.model  # the SFT model (or a resumed checkpoint), now trained by GRPO
+        earlier = self.report.get("resumed", {}).get("curve", [])
+        curve, every = [r for r in earlier if r["step"] < trainer.step], self.cfg.eval.every
         held = [job for job in self.evals if job[2] != "train"]
         try:
             while not trainer.done:

@@ -58,6 +58,18 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
         again = run(cfg.model_copy(update={"out_dir": str(tmp_path / "again"),
                                            "start_from": str(tmp_path / "learn" / "model_sft")}),
                     farm.url, suite, log=lambda line: None)
+        # --resume: one more GRPO step from the last checkpoint, earlier measurements kept
+        more = run(cfg.model_copy(update={"resume": True, "grpo": {**cfg.grpo, "steps": 3}}),
+                   farm.url, suite, log=lambda line: None)
+        with pytest.raises(ValueError, match="no finished learn run"):
+            run(cfg.model_copy(update={"resume": True, "out_dir": str(tmp_path / "none")}),
+                farm.url, suite, log=lambda line: None)
+    assert [r["step"] for r in more["grpo_curve"]] == [0, 1, 2]
+    assert more["grpo_curve"][:2] == report["grpo_curve"]
+    assert list(more["evals"]) == ["init", "sft", "grpo"] and more["evals"]["sft"] == report["evals"]["sft"]
+    assert more["resumed"]["seconds"] == report["seconds"] and more["sft"] == report["sft"]
+    steps = (tmp_path / "learn" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in steps] == [0, 1, 2]
     assert list(again["evals"]) == ["sft", "grpo"] and "warmup" not in again and "sft" not in again
     assert again["evals"]["sft"]["greedy"] == report["evals"]["sft"]["greedy"]
     assert [r["step"] for r in again["grpo_curve"]] == [0, 1]
@@ -76,7 +88,7 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
     # GRPO was pure (the model's own rollouts), on train tasks, with held-out checks every step
     curve = report["grpo_curve"]
     assert [r["step"] for r in curve] == [0, 1] and all("heldout_greedy_success" in r for r in curve)
-    grpo = [json.loads(line) for line in (tmp_path / "learn" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    grpo = [json.loads(line) for line in steps]
     assert all(r["guided_episodes"] == 0 and r["model_episodes"] == 4 for r in grpo)
     assert report["cpu_seconds"]["total"] > 0 and report["load"]["start"]
     assert (tmp_path / "learn" / "learn.png").read_bytes()[:4] == b"\x89PNG"
