@@ -61,8 +61,6 @@ from envfarm.wire import (
 from envfarm.worker import InstanceClosed, WorkerLost
 
 _KEPT_ENV_ERRORS = 10
-#: Steps of an episode a lease records (a few dozen bytes each; agent episodes take <= 20).
-_KEPT_STEPS = 1000
 
 
 class FarmCore:
@@ -325,7 +323,7 @@ class FarmCore:
         finally:
             if not opened:
                 self.tenants.unreserve(parent.tenant, 1)
-        child.steps, child.env_errors = list(parent.steps), list(parent.env_errors)
+        child.steps, child.env_errors = parent.steps.copy(), list(parent.env_errors)
         child.agent_requests, child.forked_from = parent.agent_requests, parent.lease_id
         self.metrics.lease_events.labels(parent.env, "forked").inc()
         self.metrics.lease_latency.labels(parent.env).observe(time.perf_counter() - started)
@@ -425,8 +423,7 @@ class FarmCore:
             raise self._missing(lease.lease_id) from None
         lease.touch()
         outcome = "ok" if res.ok else (res.error.kind if res.error else "env_error")
-        if len(lease.steps) < _KEPT_STEPS:
-            lease.steps.append({"tool": tool, "ok": res.ok, "outcome": outcome})
+        lease.steps.append(tool, outcome)
         if outcome == "env_error" and len(lease.env_errors) < _KEPT_ENV_ERRORS:
             # The episode can no longer be scored (see ``verify``); the first few say why.
             lease.env_errors.append(f"{tool}: {res.error.message if res.error else '?'}"[:300])

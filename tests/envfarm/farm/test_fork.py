@@ -101,13 +101,13 @@ async def test_a_fork_keeps_the_steps_and_env_errors_so_far(core, client):
     parent.env_errors.append("search_hotels: boom")  # an env failure earlier in the episode
     _, _, child = await fork(client, path, headers)
     record = core.leases[child["lease_id"]]
-    assert record.steps == [{"tool": "list_wishlists", "ok": True, "outcome": "ok"}]
+    assert list(record.steps) == [{"tool": "list_wishlists", "ok": True, "outcome": "ok"}]
     assert record.env_errors == ["search_hotels: boom"]
     verdict = await verify(client, f"/envs/{ENV}/leases/{child['lease_id']}",
                            {"Authorization": f"Bearer {child['token']}"})
     assert verdict["outcome"] == "environment_error" and verdict["reward"] is None
     # the parent's record is its own list: the child's later steps do not reach it
-    record.steps.append({"tool": "x", "ok": True, "outcome": "ok"})
+    record.steps.append("x", "ok")
     assert len(parent.steps) == 1
 
 
