@@ -6,7 +6,8 @@ mean and standard deviation, whether issue 31's target is met, CPU and wall time
 
 A run given as ``SFT_RUN+GRPO_RUN`` is one seed whose GRPO was run again from its SFT model
 (``envfarm learn --start-from SFT_RUN/model_sft``): its stages up to SFT come from the first,
-GRPO and the last evaluation from the second.
+GRPO and the last evaluation from the second (whose GRPO may have been resumed with
+``--resume``: its GRPO time then counts the steps before the resume too).
 
 Writes ``benchmarks/results/learning/<name>_seed<N>.json`` (each run's learn.json) and
 ``benchmarks/results/learning/<name>_summary.json``. The target: held-out success, greedy AND sampled at
@@ -72,9 +73,11 @@ def load(arg: str) -> dict[str, Any]:
     merged = {**report, "evals": {**report["evals"], "grpo": grpo["evals"]["grpo"]},
               "grpo_curve": grpo["grpo_curve"], "grpo_run": second,
               "config": {**report["config"], "grpo": grpo["config"]["grpo"]}}
+    resumed = grpo.get("resumed")  # a --resume run: its GRPO time adds to the steps before it
     for key in ("seconds", "cpu_seconds"):
         stages = {k: v for k, v in report[key].items() if k not in ("grpo", "eval_grpo", "total")}
         stages.update({k: grpo[key][k] for k in ("grpo", "eval_grpo")})
+        stages["grpo"] += resumed[key]["grpo"] if resumed else 0.0
         merged[key] = {**stages, "total": sum(stages.values())}
     return merged
 
