@@ -34,6 +34,10 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(default=2, ge=1, description="tasks (groups) per step")
     group_size: int = Field(default=8, ge=2, description="G: rollouts per task")
     lr: float = Field(default=1e-6, gt=0)
+    lr_decay_from: int | None = Field(default=None, ge=0, description="from this step on, the "
+                                      "learning rate falls linearly, to lr / (steps - "
+                                      "lr_decay_from) at the last step (a stable-then-decay "
+                                      "schedule); None: constant")
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = Field(default=0.001, ge=0)
@@ -94,6 +98,14 @@ class TrainConfig(BaseModel):
     # bookkeeping
     checkpoint_every: int = Field(default=1, ge=1)
     keep_checkpoints: int = Field(default=2, ge=1)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of GRPO step ``step`` (0-based): a function of the step alone, so a
+        resumed run follows the same schedule."""
+        start = self.lr_decay_from
+        if start is None or step < start or start >= self.steps:
+            return self.lr
+        return self.lr * (self.steps - step) / (self.steps - start)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:

@@ -132,6 +132,8 @@ class Trainer:
         samples, used = self._samples(groups)
         t = time.perf_counter()
         self.grpo_cfg.seed = self.cfg.seed * 1_000_003 + step  # mini-batch shuffling
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr_at(step)
         stats = await asyncio.to_thread(grpo_step, self.model, self.ref, self.optimizer,
                                         samples, self.tokenizer.pad_token_id, self.grpo_cfg)
         update_s = time.perf_counter() - t
@@ -140,6 +142,7 @@ class Trainer:
                   "groups": len(groups), "groups_used": used,
                   "groups_lost": sum(1 for g in groups if not g),
                   "update_s": update_s, "judge_wait_s": judge_wait_s,
+                  "lr": self.optimizer.param_groups[0]["lr"],
                   "step_s": time.perf_counter() - started,
                   **{f"update_{k}": v for k, v in stats.items()}}
         metrics.append(self.metrics_path, record)

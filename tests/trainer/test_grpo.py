@@ -414,3 +414,13 @@ def test_fp32_master_weights_take_small_steps(tiny_model):
     kept = sum(int((p.detach().to(torch.bfloat16) != b).sum())
                for p, b in zip(model.parameters(), bf16))
     assert kept / total < 0.2  # the same step, stored in bf16, would mostly vanish
+
+
+def test_the_learning_rate_is_constant_then_falls_linearly_from_lr_decay_from():
+    from trainer.config import TrainConfig
+
+    flat = TrainConfig(steps=10, lr=1e-4)
+    assert [flat.lr_at(s) for s in (0, 5, 9)] == [1e-4] * 3
+    tail = TrainConfig(steps=10, lr=1e-4, lr_decay_from=6)  # 4 decaying steps: 4/4 .. 1/4
+    assert [tail.lr_at(s) for s in range(10)] == pytest.approx([1e-4] * 6 + [1e-4, 7.5e-5, 5e-5, 2.5e-5])
+    assert TrainConfig(steps=10, lr=1e-4, lr_decay_from=10).lr_at(9) == 1e-4  # never reached

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = {"envs": ["personal_banking_1"], "tasks": [0], "batch_size": 1, "group_size": 2,
          "guide_fraction": 0.5, "max_turns": 4, "max_new_tokens": 8, "max_tool_chars": 300,
          "tool_listing": "compact", "lr": 1e-3, "micro_batch": 4, "concurrency": 4,
-         "threads": 1}
+         "threads": 1, "lr_decay_from": 1}
 
 
 def _config(tmp_path: Path, steps: int) -> Path:
@@ -66,6 +66,8 @@ def test_train_three_steps_then_kill_9_and_resume(tmp_path, tiny_model):
     assert checkpoint.step_of(checkpoint.latest(run / "checkpoints")) == 2
     assert (run / "plot.png").read_bytes()[:4] == b"\x89PNG"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # the optimizer's rate per step, across the kill: constant to step 1, then falling
+    assert [r["lr"] for r in records] == pytest.approx([1e-3, 1e-3, 5e-4])
     for r in records:
         assert r["episodes"] == 2 and r["guided_episodes"] == 1
         assert r["model_reward_mean"] == -1.0  # the random model: format errors, honestly shown
