@@ -205,12 +205,13 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
     report: dict[str, Any] = {"seed": cfg.seed, "writer": suite.manifest["writer"], "suite": {
         "key": suite.manifest["key"], "counts": suite.manifest["counts"]},
         "evals": {}, "config": cfg.model_dump()}
-    if cfg.start_from is None:
+    sft_model = Path(cfg.start_from) if cfg.start_from else out / "model_sft"
+    if cfg.start_from is None and before is None:
         texts = tokenizer_texts(catalog, train, cfg.episode.reference_style())
         init = new_model(out / "model_init", texts, cfg.model, cfg.seed)
         model, tokenizer = load_model(init, dtype="float32")
-    else:
-        model, tokenizer = load_model(cfg.start_from, dtype="float32")
+    else:  # GRPO from a saved SFT model (a resumed run: its own, or the one it started from)
+        model, tokenizer = load_model(sft_model, dtype="float32")
     report["parameters"] = sum(p.numel() for p in model.parameters())
     ctx = _Run(cfg, farm_url, catalog, model, tokenizer, evals, clock, report, log)
     if before is not None:  # what ran before the last checkpoint is already measured
@@ -226,7 +227,7 @@ def run(cfg: LearnConfig, farm_url: str, suite: Suite, log: Any = print) -> dict
         tokenizer.save_pretrained(out / "model_sft")
     if before is None:
         ctx.evaluate("sft")
-    ctx.grpo(Path(cfg.start_from) if cfg.start_from else out / "model_sft", suite)
+    ctx.grpo(sft_model, suite)
     ctx.evaluate("grpo")
     report.update(clock.report())
     (out / "learn.json").write_text(json.dumps(report, indent=1))

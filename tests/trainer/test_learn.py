@@ -59,12 +59,14 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
                                            "start_from": str(tmp_path / "learn" / "model_sft")}),
                     farm.url, suite, log=lambda line: None)
         # --resume: one more GRPO step from the last checkpoint, earlier measurements kept
+        built = [f.stat().st_mtime_ns for f in sorted((tmp_path / "learn" / "model_init").iterdir())]
         more = run(cfg.model_copy(update={"resume": True, "grpo": {**cfg.grpo, "steps": 3}}),
                    farm.url, suite, log=lambda line: None)
         with pytest.raises(ValueError, match="no finished learn run"):
             run(cfg.model_copy(update={"resume": True, "out_dir": str(tmp_path / "none")}),
                 farm.url, suite, log=lambda line: None)
     assert [r["step"] for r in more["grpo_curve"]] == [0, 1, 2]
+    assert [f.stat().st_mtime_ns for f in sorted((tmp_path / "learn" / "model_init").iterdir())] == built
     assert more["grpo_curve"][:2] == report["grpo_curve"]
     assert list(more["evals"]) == ["init", "sft", "grpo"] and more["evals"]["sft"] == report["evals"]["sft"]
     assert more["resumed"]["seconds"] == report["seconds"] and more["sft"] == report["sft"]
