@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from trainer.config import TrainConfig
 from trainer.learn import LearnConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
 
-def test_the_learn_config_and_its_grpo_settings_validate():
-    cfg = LearnConfig.from_yaml(CONFIGS / "learn_cpu.yaml")
+@pytest.mark.parametrize("name", ["learn_cpu.yaml", "learn_cpu_decay.yaml"])
+def test_the_learn_configs_and_their_grpo_settings_validate(name):
+    cfg = LearnConfig.from_yaml(CONFIGS / name)
     grpo = TrainConfig.model_validate({**cfg.grpo, "model": "unused"})
     assert grpo.steps >= 1 and grpo.temperature == cfg.grpo["temperature"]
     assert grpo.lr_at(grpo.steps - 1) > 0
+
+
+def test_the_decay_config_is_learn_cpu_with_a_decaying_tail_only():
+    """learn_cpu_decay.yaml's results are compared with learn_cpu.yaml's: nothing else may differ."""
+    base = LearnConfig.from_yaml(CONFIGS / "learn_cpu.yaml").model_dump()
+    decay = LearnConfig.from_yaml(CONFIGS / "learn_cpu_decay.yaml").model_dump()
+    for cfg in (base, decay):
+        cfg.pop("out_dir")
+    assert decay["grpo"].pop("steps") == 200 and decay["grpo"].pop("lr_decay_from") == 120
+    base["grpo"].pop("steps")
+    assert decay == base
 
 
 def test_the_train_config_validates():
