@@ -6,7 +6,11 @@ of the channel), the worker's user and system CPU (``/proc/PID/stat``), and, at 
 the round trip's p50. Beside it, the same tool's ``Instance.call`` in this process (what the
 worker runs for each call). Jailed and unjailed workers alternate, rounds interleaved.
 
-    python benchmarks/boundary/bench_worker_channel.py [--rounds 3] [--calls 3000]
+    python benchmarks/boundary/bench_worker_channel.py [--rounds 3] [--calls 3000] [--pin]
+
+``--pin`` adds jailed rounds with this process (the front's side) on CPU 0 and the worker on
+CPU 1: is the worker's extra CPU per call at low batching the two processes evicting each
+other's caches on a shared core?
 """
 
 from __future__ import annotations
@@ -37,11 +41,16 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
     return times.user, times.system
 
 
-async def _through_worker(bundle, jail: bool, in_flight: int, calls: int) -> dict:
+async def _through_worker(bundle, jail: bool, in_flight: int, calls: int,
+                          pin: bool = False) -> dict:
     env = WorkerEnv(bundle, WorkerOptions(probe_module_state=False, jail=jail), warm=1)
+    every_cpu = os.sched_getaffinity(0)
     try:
         insts = [await env.acquire() for _ in range(INSTANCES)]
         pid = env.workers[0].pid
+        if pin:
+            os.sched_setaffinity(0, {0})
+            os.sched_setaffinity(pid, {1})
         lat: list[float] = []
 
         async def client(inst, n: int) -> None:
@@ -61,6 +70,7 @@ async def _through_worker(bundle, jail: bool, in_flight: int, calls: int) -> dic
         return {"front_us": (c1 - c0) / n * 1e6, "worker_user_us": (u1 - u0) / n * 1e6,
                 "worker_sys_us": (s1 - s0) / n * 1e6, "p50_ms": statistics.median(lat) * 1e3}
     finally:
+        os.sched_setaffinity(0, every_cpu)
         await env.aclose()
 
 
@@ -75,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--pin", action="store_true", help="also jailed rounds on pinned CPUs")
     ap.add_argument("--out", type=Path, default=None)
     opts = ap.parse_args()
     bundle = load_catalog()[ENV]
@@ -87,6 +98,9 @@ def main() -> None:
                 key = f"{'jailed' if jail else 'unjailed'}/{in_flight}"
                 runs.setdefault(key, []).append(
                     asyncio.run(_through_worker(bundle, jail, in_flight, opts.calls)))
+                if jail and opts.pin and os.cpu_count() >= 2:
+                    runs.setdefault(key + "/pinned", []).append(
+                        asyncio.run(_through_worker(bundle, jail, in_flight, opts.calls, True)))
     summary = {"in_process_us": round(statistics.median(runs["in_process_us"]))}
     for key, rows in runs.items():
         if key != "in_process_us":

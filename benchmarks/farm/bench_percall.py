@@ -7,6 +7,10 @@ system, interleaved: wrk at 32 connections over 32 leases (HTTP ``/call`` and MC
 ``tools/call``; AWM's process has only its REST route), the process tree's CPU seconds over the
 middle of the run divided by the requests answered in it; then one connection for the p50.
 
+``--pin`` adds rounds with the processes on fixed CPUs: the farm's front on CPU 0 and its env
+workers on CPU 1, AWM's process on CPU 0 (wrk unpinned in both): how much of a call's CPU is
+processes evicting each other's caches on a shared core?
+
 ``--profile SECONDS`` also samples the --no-ray front and one env worker with py-spy under the
 32-connection HTTP load and prints each one's CPU share by stage (raw stacks kept in the JSON).
 
@@ -153,8 +157,26 @@ def profile_farm(farm: Farm, held: list, seconds: float) -> dict[str, Any]:
     return out
 
 
-def measure_farm(farm: Farm, seconds: float) -> dict[str, Any]:
+def pin(pid: int, children_cpu: int | None) -> None:
+    """``pid`` on CPU 0 and its descendants on ``children_cpu``; None: every CPU again."""
+    import psutil
+
+    every = set(range(os.cpu_count() or 1))
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        cpus = every if children_cpu is None else {0} if proc is root else {children_cpu}
+        try:
+            proc.cpu_affinity(sorted(cpus))
+            for thread in proc.threads():  # affinity is per thread on Linux
+                psutil.Process(thread.id).cpu_affinity(sorted(cpus))
+        except psutil.Error:
+            continue
+
+
+def measure_farm(farm: Farm, seconds: float, pinned: bool = False) -> dict[str, Any]:
     held = leases(farm.url, LEASES)
+    if pinned:
+        pin(farm.proc.pid, 1)
     try:
         check_calls(farm.url, held)
         return {
@@ -165,13 +187,21 @@ def measure_farm(farm: Farm, seconds: float) -> dict[str, Any]:
             "http_1": wrk(farm.url, call_requests(held[:1], False), 1, seconds),
         }
     finally:
+        if pinned:
+            pin(farm.proc.pid, None)
         release(farm.url, held)
 
 
-def measure_awm(awm: AWM, seconds: float) -> dict[str, Any]:
+def measure_awm(awm: AWM, seconds: float, pinned: bool = False) -> dict[str, Any]:
     req = [(awm.op.method.upper(), awm.op.path, {}, "")]
-    return {"http_32": cpu_per_call(awm.procs[0].pid, awm.urls[0], req, LEASES, seconds),
-            "http_1": wrk(awm.urls[0], req, 1, seconds)}
+    if pinned:
+        pin(awm.procs[0].pid, 1)
+    try:
+        return {"http_32": cpu_per_call(awm.procs[0].pid, awm.urls[0], req, LEASES, seconds),
+                "http_1": wrk(awm.urls[0], req, 1, seconds)}
+    finally:
+        if pinned:
+            pin(awm.procs[0].pid, None)
 
 
 def main() -> None:
@@ -185,6 +215,8 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, metavar="DIR",
                     help="also run the first farm kind from this checkout (e.g. `git archive "
                          "main | tar -x -C DIR`), as 'baseline' in the same rounds")
+    ap.add_argument("--pin", action="store_true",
+                    help="also pinned rounds: front / AWM's process on CPU 0, env workers on 1")
     ap.add_argument("--note", default="", help="what else ran on the machine, kept in the JSON")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -213,6 +245,10 @@ def main() -> None:
             row: dict[str, Any] = {"awm": measure_awm(awm, args.seconds)}
             for kind, farm in farms.items():
                 row[kind] = measure_farm(farm, args.seconds)
+            if args.pin:
+                row["awm+pinned"] = measure_awm(awm, args.seconds, pinned=True)
+                for kind, farm in farms.items():
+                    row[kind + "+pinned"] = measure_farm(farm, args.seconds, pinned=True)
             result["rounds"].append(row)
             print(f"round {i + 1}:", json.dumps({k: {m: (v[m].get("cpu_us_per_call"),
                                                          v[m]["req_per_s"], v[m]["p50_ms"])
@@ -239,10 +275,14 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             if "cpu_us_per_call" in rows[0]:
                 fig["cpu_us_per_call"] = statistics.median(x["cpu_us_per_call"] for x in rows)
                 fig["front_us_per_call"] = statistics.median(x["front_us_per_call"] for x in rows)
-                if system != "awm":
+                if not system.startswith("awm"):
                     fig["cpu_vs_awm"] = round(statistics.median(
                         r[system][mode]["cpu_us_per_call"] / r["awm"]["http_32"]["cpu_us_per_call"]
                         for r in rounds), 3)
+                    if system.endswith("+pinned"):
+                        fig["cpu_vs_awm_pinned"] = round(statistics.median(
+                            r[system][mode]["cpu_us_per_call"]
+                            / r["awm+pinned"]["http_32"]["cpu_us_per_call"] for r in rounds), 3)
             out[f"{system}/{mode}"] = fig
     return out
 
