@@ -161,7 +161,7 @@ def pin(pid: int, children_cpu: int | None) -> None:
     """``pid`` on CPU 0 and its descendants on ``children_cpu``; None: every CPU again."""
     import psutil
 
-    every = set(range(os.cpu_count() or 1))
+    every = os.sched_getaffinity(0)  # this process is never pinned
     root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:
         cpus = every if children_cpu is None else {0} if proc is root else {children_cpu}
@@ -169,7 +169,7 @@ def pin(pid: int, children_cpu: int | None) -> None:
             proc.cpu_affinity(sorted(cpus))
             for thread in proc.threads():  # affinity is per thread on Linux
                 psutil.Process(thread.id).cpu_affinity(sorted(cpus))
-        except psutil.Error:
+        except psutil.NoSuchProcess:  # ended meanwhile; any other failure must not pass silently
             continue
 
 

@@ -37,7 +37,7 @@ def kind(row: dict[str, Any], schemas: dict[str, dict[str, dict]]) -> str:
     except ValueError:
         return "bad_json"
     inner = call.get("arguments") if isinstance(call, dict) else None
-    if call.get("name") != "call_tool" or not isinstance(inner, dict):
+    if not isinstance(inner, dict) or call.get("name") != "call_tool":
         return "other"
     schema = schemas[row["env"]].get(inner.get("tool_name"))
     args = inner.get("arguments", {})
