@@ -11,6 +11,9 @@ Deterministic under ``seed``: a batch is formed only when every live episode wai
 turn (lockstep), in a fixed order (the job's index), so the batches' shapes do not depend on
 timing; and each row samples from its own generator, seeded by (seed, episode key, turn), so a
 row's draw does not depend on what else is in its batch.
+
+A row may sample at its own temperature (``policy.episode(key, temperature=...)``): a GRPO group
+can mix temperatures in one lockstep batch.
 """
 
 from __future__ import annotations
@@ -31,18 +34,23 @@ class _Ask:
     key: tuple[Any, ...]
     prompt_ids: list[int]
     future: asyncio.Future[Generation]
+    temperature: float
 
 
-def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int, temperature: float,
-                   eos: int, pad: int, generators: list[Any] | None = None
-                   ) -> list[tuple[list[int], list[float]]]:
+def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int,
+                   temperature: float | Sequence[float], eos: int, pad: int,
+                   generators: list[Any] | None = None) -> list[tuple[list[int], list[float]]]:
     """(completion ids, their log-probs under the sampling policy softmax(logits / T), greedy:
     the raw logits) of each prompt; a completion ends with ``eos`` when it stopped, or has
-    ``max_new_tokens`` ids when it did not."""
+    ``max_new_tokens`` ids when it did not. ``temperature``: one for all rows, or one per row."""
     import torch
     from transformers import DynamicCache
 
     rows = len(prompts)
+    temps = torch.tensor([float(temperature)] * rows if isinstance(temperature, (int, float))
+                         else [float(t) for t in temperature])
+    if temps.shape[0] != rows:
+        raise ValueError(f"{temps.shape[0]} temperatures for {rows} prompts")
     width = max(len(p) for p in prompts)
     ids = torch.full((rows, width), pad, dtype=torch.long)
     mask = torch.zeros((rows, width), dtype=torch.long)
@@ -59,8 +67,10 @@ def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int,
                        use_cache=True, logits_to_keep=1).logits[:, -1].float()
         last = position[:, -1]
         for _ in range(max_new_tokens):
-            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
-            tokens = _choose(logits, temperature, [generators[r] for r in live] if generators else None)
+            t_live = temps[live]
+            scaled = logits / torch.where(t_live > 0, t_live, 1.0)[:, None]
+            logp = torch.log_softmax(scaled, dim=-1)
+            tokens = _choose(scaled, t_live > 0, [generators[r] for r in live] if generators else None)
             keep = []
             for k, r in enumerate(live):
                 t = int(tokens[k])
@@ -82,15 +92,20 @@ def generate_batch(model: Any, prompts: list[list[int]], *, max_new_tokens: int,
     return list(zip(out, logps, strict=True))
 
 
-def _choose(logits: Any, temperature: float, generators: list[Any] | None) -> Any:
+def _choose(scaled: Any, sampled: Any, generators: list[Any] | None) -> Any:
+    """Each row's next token: drawn from softmax(``scaled``) where ``sampled``, else argmax."""
     import torch
 
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if generators is None:
+    tokens = scaled.argmax(dim=-1)
+    if not bool(sampled.any()):
+        return tokens
+    probs = torch.softmax(scaled, dim=-1)
+    if generators is None and bool(sampled.all()):
         return torch.multinomial(probs, 1)[:, 0]
-    return torch.cat([torch.multinomial(probs[k], 1, generator=g) for k, g in enumerate(generators)])
+    for k in torch.nonzero(sampled)[:, 0].tolist():
+        g = generators[k] if generators else None
+        tokens[k] = torch.multinomial(probs[k], 1, generator=g)[0]
+    return tokens
 
 
 def row_seed(seed: int, key: tuple[Any, ...]) -> int:
@@ -116,17 +131,22 @@ class BatchedPolicy:
         self.eos, self.pad = end_token_id(tokenizer), tokenizer.pad_token_id
         self._asks: list[_Ask] = []
         self._live: dict[Any, tuple[Any, ...]] = {}  # episode task -> its key
+        self._temps: dict[Any, float] = {}  # episode task -> its own temperature
         self._running: asyncio.Task[None] | None = None
 
-    def episode(self, key: tuple[Any, ...]) -> _Membership:
-        """``async with policy.episode(key):`` around one episode (``key``: unique, orderable)."""
-        return _Membership(self, key)
+    def episode(self, key: tuple[Any, ...], temperature: float | None = None) -> _Membership:
+        """``async with policy.episode(key):`` around one episode (``key``: unique, orderable);
+        ``temperature``: this episode's, instead of the policy's."""
+        if temperature is not None and temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {temperature}")
+        return _Membership(self, key, temperature)
 
     async def generate(self, messages: Sequence[Message], ctx: TurnContext) -> Generation:
         task = asyncio.current_task()
         base = self._live.get(task, ("solo", ctx.env, ctx.task_idx, id(task)))
+        temperature = self._temps.get(task, self.temperature)
         ask = _Ask((*base, ctx.turn), encode_prompt(self.tokenizer, list(messages)),
-                   asyncio.get_running_loop().create_future())
+                   asyncio.get_running_loop().create_future(), temperature)
         self._asks.append(ask)
         self._kick()
         return await ask.future
@@ -168,7 +188,8 @@ class BatchedPolicy:
         try:
             gens = [torch.Generator().manual_seed(row_seed(self.seed, a.key)) for a in asks]
             done = generate_batch(self.model, [a.prompt_ids for a in asks], max_new_tokens=self.max_new_tokens,
-                                  temperature=self.temperature, eos=self.eos, pad=self.pad, generators=gens)
+                                  temperature=[a.temperature for a in asks], eos=self.eos, pad=self.pad,
+                                  generators=gens)
         finally:
             self.model.train(was_training)
         out = []
@@ -177,19 +198,24 @@ class BatchedPolicy:
             text = self.tokenizer.decode(ids[:-1] if finished else ids, skip_special_tokens=False)
             out.append(Generation(text=text, finish_reason=FINISH_STOP if finished else FINISH_LENGTH,
                                   prompt_ids=a.prompt_ids, completion_ids=ids, logprobs=logps,
-                                  policy=self.name))
+                                  policy=self.name, temperature=a.temperature))
         return out
 
 
 class _Membership:
-    def __init__(self, policy: BatchedPolicy, key: tuple[Any, ...]) -> None:
-        self.policy, self.key = policy, key
+    def __init__(self, policy: BatchedPolicy, key: tuple[Any, ...], temperature: float | None) -> None:
+        self.policy, self.key, self.temperature = policy, key, temperature
 
     async def __aenter__(self) -> None:
-        self.policy._live[asyncio.current_task()] = self.key
+        task = asyncio.current_task()
+        self.policy._live[task] = self.key
+        if self.temperature is not None:
+            self.policy._temps[task] = self.temperature
 
     async def __aexit__(self, *exc: object) -> None:
-        self.policy._live.pop(asyncio.current_task(), None)
+        task = asyncio.current_task()
+        self.policy._live.pop(task, None)
+        self.policy._temps.pop(task, None)
         if self.policy._asks:
             self.policy._kick()  # the others may all be waiting now
 

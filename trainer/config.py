@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TrainConfig(BaseModel):
@@ -77,6 +77,10 @@ class TrainConfig(BaseModel):
                               "names: tool names only (tiny CPU models)")
     max_new_tokens: int = Field(default=512, ge=1)
     temperature: float = Field(default=1.0, ge=0)
+    group_temperatures: list[float] | None = Field(
+        default=None, min_length=1, description="member m of every group samples at "
+        "group_temperatures[m % len] (e.g. [0.7, 1.0]: half at each); each sample is trained "
+        "under its own temperature. None: every member at `temperature`. Needs batched")
     concurrency: int = Field(default=64, ge=1, description="episodes in flight at once")
     farm_direct: bool = Field(default=False, description="send each lease's requests straight "
                               "to the replica that owns it (a trainer inside the farm's Ray "
@@ -98,6 +102,25 @@ class TrainConfig(BaseModel):
     # bookkeeping
     checkpoint_every: int = Field(default=1, ge=1)
     keep_checkpoints: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _mixed_temperatures(self) -> TrainConfig:
+        temps = self.group_temperatures
+        if temps is None:
+            return self
+        if any(t <= 0 for t in temps):
+            raise ValueError(f"group_temperatures must all be > 0 (sampled), not {temps}")
+        if not self.batched:
+            raise ValueError("group_temperatures needs batched: true (the batched policy "
+                             "samples each row at its own temperature)")
+        if self.branch_at is not None:
+            raise ValueError("group_temperatures does not apply to branching groups (branch_at)")
+        return self
+
+    def temperature_of(self, member: int) -> float:
+        """The sampling temperature of a group's ``member``-th rollout."""
+        temps = self.group_temperatures
+        return temps[member % len(temps)] if temps else self.temperature
 
     def lr_at(self, step: int) -> float:
         """The learning rate of GRPO step ``step`` (0-based): a function of the step alone, so a

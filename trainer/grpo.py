@@ -19,6 +19,8 @@
 - A batch is cut into ``mini_batches`` optimizer steps and passed over ``ppo_epochs`` times, so
   the policy moves away from the one that sampled and the clip can bind (paper: batch 64,
   mini-batch 16, four updates per batch).
+- A sample may carry its own sampling temperature (a group that mixes temperatures): its
+  log-probabilities, old, new and reference, are then taken under softmax(logits / its T).
 - Scale: log-probabilities are computed only at the completion's positions (the hidden states of
   the prompt never meet the LM head) and the LM head runs in chunks of ``logit_chunk`` positions
   under activation checkpointing, so no (batch, length, vocabulary) tensor is ever built.
@@ -71,6 +73,7 @@ class Sample:
     completion_ids: list[int]
     advantage: float
     old_logprobs: list[float] | None = None  # None: taken from the model before the update
+    temperature: float | None = None  # the policy that sampled it; None: the config's
 
 
 def group_advantages(rewards: Sequence[float | None], eps: float = 1e-6
@@ -152,24 +155,31 @@ def _batch(samples: Sequence[Sample], pad_id: int, device: Any
 
 
 def _head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
     logits = head(hidden).float()  # log-softmax in fp32 whatever the compute dtype
-    if temperature != 1.0:
+    if isinstance(temperature, torch.Tensor):  # one per position
+        logits = logits / temperature[:, None]
+    elif temperature != 1.0:
         logits = logits / temperature
     return logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
 def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
                         chunk: int = 1024, autocast: str | None = None,
-                        temperature: float = 1.0) -> torch.Tensor:
+                        temperature: float | Sequence[float] = 1.0) -> torch.Tensor:
     """Log-probabilities of every completion token of ``samples``, flat, in sample order, under
-    softmax(logits / ``temperature``): the policy that sampled them.
+    softmax(logits / ``temperature``): the policy that sampled them (one temperature for all,
+    or one per sample).
 
     The decoder runs once over the padded batch; only the hidden states that predict a
     completion token go through the LM head, ``chunk`` at a time, each chunk recomputed in the
     backward pass instead of keeping its (chunk, vocabulary) logits alive."""
     device = next(model.parameters()).device
     ids, attn, where, targets = _batch(samples, pad_id, device)
+    temps: float | torch.Tensor = (
+        float(temperature) if isinstance(temperature, (int, float)) else
+        torch.repeat_interleave(torch.tensor([float(t) for t in temperature], device=device),
+                                torch.tensor([len(s.completion_ids) for s in samples], device=device)))
     dtype = getattr(torch, autocast) if autocast else None
     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         body = getattr(model, model.base_model_prefix)
@@ -179,11 +189,11 @@ def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
         parts = []
         for i in range(0, picked.shape[0], chunk):
             h, t = picked[i:i + chunk], targets[i:i + chunk]
+            temp = temps[i:i + chunk] if isinstance(temps, torch.Tensor) else temps
             if torch.is_grad_enabled():
-                parts.append(checkpoint(_head_logprobs, head, h, t, temperature,
-                                        use_reentrant=False))
+                parts.append(checkpoint(_head_logprobs, head, h, t, temp, use_reentrant=False))
             else:
-                parts.append(_head_logprobs(head, h, t, temperature))
+                parts.append(_head_logprobs(head, h, t, temp))
     return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
 
@@ -191,6 +201,15 @@ def completion_logprob(model: Any, sample: Sample, pad_id: int) -> float:
     """Sum of the log-probabilities of a sample's completion tokens (for tests and probes)."""
     with torch.no_grad():
         return float(completion_logprobs(model, [sample], pad_id).sum())
+
+
+def _temperatures(samples: Sequence[Sample], cfg: GRPOConfig) -> float | list[float]:
+    """The sampling temperature of each sample; one number when they share it."""
+    temps = [cfg.temperature if s.temperature is None else s.temperature for s in samples]
+    if any(t <= 0 for t in temps):
+        raise ValueError("a GRPO sample needs a sampling temperature > 0 (greedy turns have "
+                         "no sampling policy to take a ratio against)")
+    return temps[0] if len(set(temps)) == 1 else temps
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
@@ -216,10 +235,10 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
             if any(s.old_logprobs is None or len(s.old_logprobs) != len(s.completion_ids)
                    for s in batch):
                 current = completion_logprobs(model, batch, pad_id, cfg.logit_chunk,
-                                              cfg.autocast, cfg.temperature).split(
+                                              cfg.autocast, _temperatures(batch, cfg)).split(
                                                   [len(s.completion_ids) for s in batch])
             ref = (completion_logprobs(ref_model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
-                                       cfg.temperature)
+                                       _temperatures(batch, cfg))
                    .split([len(s.completion_ids) for s in batch]) if ref_model is not None
                    else None)
             for k, i in enumerate(chunk):
@@ -246,7 +265,7 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
             for micro in _chunks(mini, cfg.micro_batch):
                 batch = [samples[i] for i in micro]
                 logp = completion_logprobs(model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
-                                           cfg.temperature)
+                                           _temperatures(batch, cfg))
                 dev = logp.device
                 old = torch.cat([olds[i] for i in micro]).to(dev)
                 ref = torch.cat([refs[i] for i in micro]).to(dev) if refs else None

@@ -355,7 +355,7 @@ class _Run:
                 row = {k: record.get(k) for k in (
                     "step", "model_success_rate", "model_reward_mean", "model_format_error_rate",
                     "groups", "groups_used", "update_clip_frac", "update_kl", "update_samples", "ends",
-                    "rollout_s", "update_s")}
+                    "rollout_s", "update_s", "by_temperature")}
                 row["signal_share"] = record["groups_used"] / record["groups"] if record["groups"] else 0.0
                 if every and (record["step"] + 1) % every == 0:
                     got = (await self._episodes_async(held, 0.0, f"grpo-heldout:{record['step']}"))["all"]

@@ -62,6 +62,18 @@ def _rates(episodes: Sequence[EpisodeResult], prefix: str) -> dict[str, Any]:
     }
 
 
+def by_temperature(episodes: Sequence[EpisodeResult]) -> dict[str, dict[str, Any]]:
+    """The model's own rates per sampling temperature (a group mixing temperatures); {} when
+    every episode sampled at one."""
+    groups: dict[float, list[EpisodeResult]] = {}
+    for e in episodes:
+        if e.turns and not _guided(e) and e.turns[0].generation.temperature is not None:
+            groups.setdefault(e.turns[0].generation.temperature, []).append(e)
+    if len(groups) < 2:
+        return {}
+    return {f"T{t:g}": _rates(eps, "model") for t, eps in sorted(groups.items())}
+
+
 def _guided(e: EpisodeResult) -> bool:
     return bool(e.turns) and e.turns[0].generation.policy == "scripted"
 

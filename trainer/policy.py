@@ -45,6 +45,7 @@ class Generation:
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None  # of completion_ids under the sampling policy
     policy: str = ""  # who answered ("scripted" replays are not the model's own tokens)
+    temperature: float | None = None  # a local policy's sampling temperature (0: greedy)
     extra: dict[str, object] = field(default_factory=dict)
 
 

@@ -140,6 +140,7 @@ class Trainer:
         episodes = [e for g in groups for e in g]
         record = {"step": step, **metrics.episode_metrics(episodes, rollout_s),
                   "groups": len(groups), "groups_used": used,
+                  "by_temperature": metrics.by_temperature(episodes),
                   "groups_lost": sum(1 for g in groups if not g),
                   "update_s": update_s, "judge_wait_s": judge_wait_s,
                   "lr": self.optimizer.param_groups[0]["lr"],
@@ -176,7 +177,7 @@ class Trainer:
         async def one(policy: Policy, lease: Any, member: int) -> EpisodeResult:
             async with gate:
                 if isinstance(policy, BatchedPolicy):  # a row of the step's lockstep batches
-                    async with policy.episode((*key, member)):
+                    async with policy.episode((*key, member), self.cfg.temperature_of(member)):
                         return await run_episode(farm, policy, env, task_idx, lease=lease,
                                                  config=self.episode_cfg)
                 return await run_episode(farm, policy, env, task_idx, lease=lease,
@@ -239,7 +240,8 @@ def rollout_samples(groups: list[list[EpisodeResult]], tokenizer: Any
 def turn_sample(tokenizer: Any, rec: TurnRecord, advantage: float) -> Sample:
     gen = rec.generation
     if gen.completion_ids is not None and gen.prompt_ids is not None:
-        return Sample(gen.prompt_ids, gen.completion_ids, advantage, gen.logprobs)
+        return Sample(gen.prompt_ids, gen.completion_ids, advantage, gen.logprobs,
+                      gen.temperature or None)  # greedy (0): the config's, as before
     # text from another policy (a guide): tokenized the way the model would have seen it
     return Sample(encode_prompt(tokenizer, rec.prompt),
                   encode_completion(tokenizer, gen.text, gen.finish_reason == FINISH_STOP),

@@ -70,6 +70,27 @@ def test_a_rows_sample_does_not_depend_on_its_batch(tiny) -> None:
     assert sample([2], ["d"])[0] != alone  # another key, another draw (10 tokens from ~2k each)
 
 
+def test_rows_at_their_own_temperatures_sample_what_each_does_alone(tiny) -> None:
+    """Per-row temperatures (a GRPO group mixing them): each row's tokens and log-probs are
+    what it gives alone at its temperature, greedy (0) included."""
+    model, tok = tiny
+    eos, pad = end_token_id(tok), tok.pad_token_id
+    prompts, temps = _prompts(tok), [0.6, 0.0, 1.3]
+
+    def gens(rows):
+        return [torch.Generator().manual_seed(row_seed(5, (r,))) for r in rows]
+
+    mixed = generate_batch(model, prompts, max_new_tokens=10, temperature=temps, eos=eos, pad=pad,
+                           generators=gens(range(3)))
+    for r, (prompt, t) in enumerate(zip(prompts, temps, strict=True)):
+        ids, logps = generate_batch(model, [prompt], max_new_tokens=10, temperature=t, eos=eos,
+                                    pad=pad, generators=gens([r]))[0]
+        assert mixed[r][0] == ids
+        assert mixed[r][1] == pytest.approx(logps, abs=1e-4)
+    with pytest.raises(ValueError, match="2 temperatures for 3 prompts"):
+        generate_batch(model, prompts, max_new_tokens=2, temperature=[1.0, 1.0], eos=eos, pad=pad)
+
+
 async def test_lockstep_episodes_are_deterministic_under_a_seed(tiny, farm, bundled_catalog) -> None:
     model, tok = tiny
     jobs = [("personal_banking_1", 0), ("hotel_booking_1", 1), ("personal_banking_1", 2)] * 2

@@ -22,6 +22,7 @@ from trainer.grpo import (
     policy_loss,
     step_advantages,
 )
+from trainer.config import TrainConfig
 from trainer.hf import encode_completion, encode_prompt, load_model
 
 
@@ -256,6 +257,60 @@ def test_the_loss_is_taken_against_the_rollouts_logprobs_at_the_right_tokens(
                   [lp - math.log(2.0) for lp in _reference_logprobs(model, s)]) for s in samples]
     stats = grpo_step(model, None, opt, far, tokenizer.pad_token_id, GRPOConfig())
     assert stats["clip_frac"] == 1.0 and stats["pg_loss"] == pytest.approx(-1.28, rel=1e-4)
+
+
+def _at(model, sample: Sample, temperature: float) -> list[float]:
+    """Independently: a sample's log-probs under softmax(logits / T) of the full forward."""
+    seq = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=seq).logits[0].float() / temperature, dim=-1)
+    start = len(sample.prompt_ids)
+    return [float(logp[start + k - 1, t]) for k, t in enumerate(sample.completion_ids)]
+
+
+def test_a_batch_mixing_temperatures_scores_each_sample_under_its_own(model_and_tokenizer):
+    """One temperature per sample (a group rolled out at 0.7 and 1.0): the log-probs are each
+    sample's own softmax(logits / T), whatever the chunking; the update's ratio starts at 1 for
+    every sample (pg_loss is exactly -mean advantage per token, nothing clipped), where scoring
+    them all at the config's temperature would not."""
+    model, tokenizer = model_and_tokenizer
+    model = copy.deepcopy(model)
+    temps = [0.7, 1.0, 0.7, 1.6]
+    samples = [Sample(s.prompt_ids, s.completion_ids, adv, None, t)
+               for s, adv, t in zip(_group(tokenizer), (1.0, -1.0, 0.5, -0.25), temps)]
+    expected = [lp for s in samples for lp in _at(model, s, s.temperature)]
+    for chunk in (1, 5, 4096):
+        with torch.no_grad():
+            got = completion_logprobs(model, samples, tokenizer.pad_token_id, chunk=chunk,
+                                      temperature=temps)
+        assert got.tolist() == pytest.approx(expected, abs=1e-4)
+    rolled = [Sample(s.prompt_ids, s.completion_ids, s.advantage, _at(model, s, s.temperature),
+                     s.temperature) for s in samples]
+    tokens = sum(len(s.completion_ids) for s in samples)
+    mean_adv = sum(s.advantage * len(s.completion_ids) for s in samples) / tokens
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = grpo_step(model, None, opt, rolled, tokenizer.pad_token_id,
+                      GRPOConfig(temperature=0.7, micro_batch=3))
+    assert stats["pg_loss"] == pytest.approx(-mean_adv, abs=1e-5)
+    assert stats["clip_frac"] == 0.0
+    one_t = [Sample(s.prompt_ids, s.completion_ids, s.advantage, s.old_logprobs) for s in rolled]
+    stats = grpo_step(model, None, opt, one_t, tokenizer.pad_token_id, GRPOConfig(temperature=0.7))
+    assert stats["clip_frac"] > 0.0  # scored at 0.7, the 1.0 and 1.6 samples start off 1
+    greedy = [Sample(s.prompt_ids, s.completion_ids, 1.0, None, 0.0) for s in samples[:1]]
+    with pytest.raises(ValueError, match="temperature > 0"):
+        grpo_step(model, None, opt, greedy, tokenizer.pad_token_id, GRPOConfig())
+
+
+def test_group_temperatures_cycle_over_a_groups_members_and_need_the_batched_policy():
+    cfg = TrainConfig(group_temperatures=[0.7, 1.0], batched=True, temperature=0.5)
+    assert [cfg.temperature_of(m) for m in range(5)] == [0.7, 1.0, 0.7, 1.0, 0.7]
+    assert TrainConfig(temperature=0.5).temperature_of(3) == 0.5
+    with pytest.raises(ValueError, match="batched"):
+        TrainConfig(group_temperatures=[0.7, 1.0])
+    with pytest.raises(ValueError, match="> 0"):
+        TrainConfig(group_temperatures=[0.0, 1.0], batched=True)
+    with pytest.raises(ValueError, match="branch"):
+        TrainConfig(group_temperatures=[1.0], batched=True, branch_at=1)
 
 
 def _alternating_old(model, sample: Sample, spread: float) -> list[float]:

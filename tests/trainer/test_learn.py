@@ -55,8 +55,10 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
     with LocalFarm(FarmConfig(catalog=str(suite.catalog), envs=suite.envs, pool=PoolConfig(warm=2))) as farm:
         report = run(cfg, farm.url, suite, log=lambda line: None)
         # GRPO again from the saved SFT model: no warm-up or SFT, the same "sft" evaluation
+        # (and each group's two members at their own temperatures)
         again = run(cfg.model_copy(update={"out_dir": str(tmp_path / "again"),
-                                           "start_from": str(tmp_path / "learn" / "model_sft")}),
+                                           "start_from": str(tmp_path / "learn" / "model_sft"),
+                                           "grpo": {**cfg.grpo, "group_temperatures": [0.5, 1.0]}}),
                     farm.url, suite, log=lambda line: None)
         # --resume: one more GRPO step from the last checkpoint, earlier measurements kept
         built = [f.stat().st_mtime_ns for f in sorted((tmp_path / "learn" / "model_init").iterdir())]
@@ -75,6 +77,8 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
     assert list(again["evals"]) == ["sft", "grpo"] and "warmup" not in again and "sft" not in again
     assert again["evals"]["sft"]["greedy"] == report["evals"]["sft"]["greedy"]
     assert [r["step"] for r in again["grpo_curve"]] == [0, 1]
+    assert all(list(r["by_temperature"]) == ["T0.5", "T1"] for r in again["grpo_curve"])
+    assert all(r["by_temperature"] == {} for r in report["grpo_curve"])  # one temperature
     assert list(report["evals"]) == ["init", "sft", "grpo"]
     assert list(report["evals"]["init"]) == ["greedy"] and list(report["evals"]["grpo"]) == ["greedy", "sampled"]
     held = len(suite.jobs("heldout"))
