@@ -69,9 +69,10 @@ def plot_seeds(reports: list[dict[str, Any]], path: Path, title: str) -> None:
         c = colors[n % len(colors)]
         curve = report.get("grpo_curve", [])
         steps = [r["step"] for r in curve]
-        t = report.get("config", {}).get("grpo", {}).get("temperature", 1.0)
+        grpo = report.get("config", {}).get("grpo", {})
+        t = "/".join(f"{x:g}" for x in grpo.get("group_temperatures") or [grpo.get("temperature", 1.0)])
         axes[0].plot(steps, [_num(r["model_success_rate"]) for r in curve], color=c,
-                     label=f"seed {report['seed']}: train success (rollouts, T={t:g})")
+                     label=f"seed {report['seed']}: train success (rollouts, T={t})")
         held = [(r["step"], r["heldout_greedy_success"]) for r in curve if "heldout_greedy_success" in r]
         if held:
             axes[0].plot(*zip(*held), "o--", color=c, label=f"seed {report['seed']}: held-out (greedy)")
