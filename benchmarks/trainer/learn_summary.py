@@ -61,6 +61,21 @@ def gains(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def by_temperature(report: dict[str, Any], span: int = 20) -> dict[str, Any]:
+    """A mixed-temperature run's train rollouts per temperature: mean success and format-error
+    rate over its first and last ``span`` GRPO steps; {} for a one-temperature run."""
+    curve = [r for r in report.get("grpo_curve", []) if r.get("by_temperature")]
+    if not curve:
+        return {}
+    out: dict[str, Any] = {}
+    for name, rows in (("first", curve[:span]), ("last", curve[-span:])):
+        for t in rows[0]["by_temperature"]:
+            for key in ("model_success_rate", "model_format_error_rate"):
+                vals = [r["by_temperature"][t][key] for r in rows if r["by_temperature"].get(t, {}).get(key) is not None]
+                out[f"{t}_{key.removeprefix('model_')}_{name}{span}"] = statistics.fmean(vals) if vals else None
+    return out
+
+
 def load(arg: str) -> dict[str, Any]:
     """A run's learn.json, or ``SFT_RUN+GRPO_RUN`` merged (see the module doc)."""
     first, _, second = arg.partition("+")
@@ -104,7 +119,8 @@ def main() -> None:
         and g["train_greedy"]["gain_mean"] > 0 and g["train_sampled"]["gain_mean"] > 0,
         "per_seed": [{"seed": r["seed"], "cpu_seconds": r["cpu_seconds"], "seconds": r["seconds"], "load": r["load"],
                       "sft_epochs": r["sft"]["epochs"], "sft_probe": r["sft"]["probe"],
-                      "judge": r.get("judge")} for r in reports]}
+                      "judge": r.get("judge"), "rollouts_by_temperature": by_temperature(r)}
+                     for r in reports]}
     (results / f"{args.name}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if args.plot:
         plot_seeds(reports, args.plot, f"envfarm learn ({args.name}), seeds {summary['seeds']}; "
