@@ -11,7 +11,8 @@ Paths, side by side in one run:
                   the client doing only what AWM's baseline does: replay the calls, verify (no
                   agent loop, policy or format checks), one lease per episode
   awm             AWM's way: one uvicorn process + SQLite file per instance, as many as fit,
-                  reset by file copy, verifier exec'd in the client process
+                  reset by file copy, verifier exec'd in the client process; started once
+                  and run in every round beside the farm's modes (vs_awm_by_round)
 Reports episodes/s, the CPU seconds of the client and of the farm's (or AWM's) processes, env calls/s (list_tools + tool calls + verify), farm requests/s, and the
 share of episode time spent waiting on the farm. Raw JSON goes to benchmarks/results/.
 
@@ -333,28 +334,35 @@ async def awm_rollouts(catalog: Any, instances: dict, groups: list, verifiers: d
             "farm_wait_share": round(stats["wait"] / stats["busy"], 3)}
 
 
-def awm_baseline(catalog: Any, groups: list, per_env: int) -> dict:
-    import psutil
+class AwmWay:
+    """AWM's processes, started once and kept for every round (an idle uvicorn costs no CPU), so
+    each round measures AWM's way beside the farm's under the same load."""
 
-    verifiers = awm_verifiers(catalog)
-    t0 = time.perf_counter()
-    instances, procs, tmp = start_awm(catalog, per_env)
-    start_s = time.perf_counter() - t0
-    try:
-        pss = sum(psutil.Process(p.pid).memory_full_info().pss for p in procs)
-        cpu0, farm0 = time.process_time(), sum(sum(tree_cpu(p.pid).values()) for p in procs)
-        res = asyncio.run(awm_rollouts(catalog, instances, groups, verifiers))
+    def __init__(self, catalog: Any, per_env: int) -> None:
+        import psutil
+
+        self.catalog, self.verifiers = catalog, awm_verifiers(catalog)
+        t0 = time.perf_counter()
+        self.instances, self.procs, self.tmp = start_awm(catalog, per_env)
+        self.start_s = time.perf_counter() - t0
+        self.pss = sum(psutil.Process(p.pid).memory_full_info().pss for p in self.procs)
+
+    def round(self, groups: list) -> dict:
+        cpu0 = time.process_time()
+        farm0 = sum(sum(tree_cpu(p.pid).values()) for p in self.procs)
+        res = asyncio.run(awm_rollouts(self.catalog, self.instances, groups, self.verifiers))
         res["client_cpu_s"] = round(time.process_time() - cpu0, 2)
-        res["farm_cpu_s"] = round(sum(sum(tree_cpu(p.pid).values()) for p in procs) - farm0, 2)
-    finally:
-        for p in procs:
+        res["farm_cpu_s"] = round(sum(sum(tree_cpu(p.pid).values()) for p in self.procs) - farm0, 2)
+        return {**res, "processes": len(self.procs), "start_all_s": round(self.start_s, 1),
+                "pss_mib": round(self.pss / 2**20, 1),
+                "pss_per_process_mib": round(self.pss / 2**20 / len(self.procs), 1)}
+
+    def close(self) -> None:
+        for p in self.procs:
             p.terminate()
-        for p in procs:
+        for p in self.procs:
             p.wait(timeout=15)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return {**res, "processes": len(procs), "start_all_s": round(start_s, 1),
-            "pss_mib": round(pss / 2**20, 1),
-            "pss_per_process_mib": round(pss / 2**20 / len(procs), 1)}
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -403,8 +411,10 @@ def main() -> None:
     runs: dict[str, list[dict]] = defaultdict(list)
     local = [m for m in modes if m.startswith("no_ray")]
     served = [m for m in modes if m.startswith("serve")]
-    proc = farm = None
+    proc = farm = awm = None
     try:
+        if "awm" in modes:
+            awm = AwmWay(catalog, args.awm_per_env)
         if local:
             proc, url = start_no_ray(warm, args.verifier_workers)
         if served:
@@ -420,14 +430,22 @@ def main() -> None:
             res["serve_startup_s"] = round(time.perf_counter() - t0, 1)
         # Rounds interleave the modes (both farms up at once, the idle one costs no CPU), so
         # every mode sees the same load on a shared machine: compare within a round.
+        # AWM's way runs in every round too, first in odd rounds and last in even ones, so a
+        # drift in the machine's load falls on both sides alike.
         for rnd in range(args.rounds):
-            for m in local + served:
-                if m in local:
-                    where, cpu = url, (lambda: tree_cpu(proc.pid))
-                else:  # Ray's processes are this one's children; the --no-ray farm is not Ray
-                    where, cpu = farm.url, (lambda: serve_cpu(proc.pid if proc else None))
-                runs[m].append(run_mode(where, policy, groups, args.concurrency, farm_cpu=cpu,
-                                        **client_modes[m]))
+            order = local + served + (["awm"] if awm else [])
+            if awm and rnd % 2:
+                order = ["awm"] + local + served
+            for m in order:
+                if m == "awm":
+                    runs[m].append(awm.round(groups))
+                else:
+                    if m in local:
+                        where, cpu = url, (lambda: tree_cpu(proc.pid))
+                    else:  # Ray's processes are this one's children; the --no-ray farm is not
+                        where, cpu = farm.url, (lambda: serve_cpu(proc.pid if proc else None))
+                    runs[m].append(run_mode(where, policy, groups, args.concurrency,
+                                            farm_cpu=cpu, **client_modes[m]))
                 runs[m][-1]["round"], runs[m][-1]["load_avg"] = rnd, os.getloadavg()
                 print(m, runs[m][-1], flush=True)
         if args.profile and local:
@@ -439,6 +457,8 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=15)
+        if awm is not None:
+            awm.close()
     for m, rs in runs.items():
         res[m] = median_of(rs)
     if local and served:  # same-round ratios: Serve's rate over the --no-ray bare rate
@@ -446,10 +466,12 @@ def main() -> None:
         res["serve_vs_no_ray_by_round"] = {m: [round(a["episodes_per_s"] / b["episodes_per_s"], 3)
                                                for a, b in zip(runs[m], runs[base])
                                                if b["episodes_per_s"]] for m in served}
-    if "awm" in modes:
-        res["awm"] = awm_baseline(catalog, groups, args.awm_per_env)
-        print("awm", res["awm"], flush=True)
-    best = max((m for m in runs), key=lambda m: res[m]["episodes_per_s"], default=None)
+    if "awm" in runs:  # same-round ratios: each farm mode's rate over AWM's way's
+        res["vs_awm_by_round"] = {m: [round(a["episodes_per_s"] / b["episodes_per_s"], 3)
+                                      for a, b in zip(runs[m], runs["awm"])]
+                                  for m in runs if m != "awm"}
+    best = max((m for m in runs if m != "awm"), key=lambda m: res[m]["episodes_per_s"],
+               default=None)
     if best and "awm" in res:
         res["ratio_best_vs_awm"] = {"best": best, "ratio": round(
             res[best]["episodes_per_s"] / res["awm"]["episodes_per_s"], 2)}

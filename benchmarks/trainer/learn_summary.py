@@ -77,7 +77,11 @@ def by_temperature(report: dict[str, Any], span: int = 20) -> dict[str, Any]:
 
 
 def load(arg: str) -> dict[str, Any]:
-    """A run's learn.json, or ``SFT_RUN+GRPO_RUN`` merged (see the module doc)."""
+    """A run's learn.json, ``SFT_RUN+GRPO_RUN`` merged (see the module doc), or a report this
+    script wrote before (``benchmarks/results/learning/<name>_seed<N>.json``: a seed whose run
+    folder is gone)."""
+    if arg.endswith(".json") and Path(arg).is_file():
+        return json.loads(Path(arg).read_text())
     first, _, second = arg.partition("+")
     report = json.loads((Path(first) / "learn.json").read_text())
     if not second:
@@ -101,8 +105,8 @@ def main() -> None:
     from trainer.learn_plot import plot_seeds
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="out_dir of each seed's run (holding learn.json), or "
-                    "SFT_RUN+GRPO_RUN")
+    ap.add_argument("runs", nargs="+", help="out_dir of each seed's run (holding learn.json), "
+                    "SFT_RUN+GRPO_RUN, or a <name>_seed<N>.json this script wrote")
     ap.add_argument("--name", default="learn_cpu")
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args()
