@@ -9,7 +9,7 @@ A run given as ``SFT_RUN+GRPO_RUN`` is one seed whose GRPO was run again from it
 GRPO and the last evaluation from the second (whose GRPO may have been resumed with
 ``--resume``: its GRPO time then counts the steps before the resume too).
 
-Writes ``benchmarks/results/learning/<name>_seed<N>.json`` (each run's learn.json) and
+Writes ``benchmarks/results/learning/<name>_seed<N>.json`` (each run folder's learn.json) and
 ``benchmarks/results/learning/<name>_summary.json``. The target: held-out success, greedy AND sampled at
 T = 1, after GRPO exceeds after SFT by >= 10 points on the mean over the seeds and by more than
 twice the seeds' standard deviation of that gain; train success rises too.
@@ -113,8 +113,9 @@ def main() -> None:
     reports = [load(run) for run in args.runs]
     results = REPO / "benchmarks" / "results" / "learning"
     results.mkdir(parents=True, exist_ok=True)
-    for report in reports:
-        (results / f"{args.name}_seed{report['seed']}.json").write_text(json.dumps(report, indent=1) + "\n")
+    for arg, report in zip(args.runs, reports):
+        if not arg.endswith(".json"):  # a saved report stays where it is: no second copy
+            (results / f"{args.name}_seed{report['seed']}.json").write_text(json.dumps(report, indent=1) + "\n")
     g = gains(reports)
     summary = {
         "runs": [str(r) for r in args.runs], "seeds": [r["seed"] for r in reports],
