@@ -168,7 +168,29 @@ class _Clock:
     def report(self) -> dict[str, Any]:
         self.load["end"] = os.getloadavg()
         return {"seconds": {**self.seconds, "total": time.perf_counter() - self.start},
-                "cpu_seconds": {**self.cpu, "total": _cpu() - self.cpu0}, "load": self.load}
+                "cpu_seconds": {**self.cpu, "total": _cpu() - self.cpu0}, "load": self.load,
+                "machine": _machine()}
+
+
+def _machine() -> dict[str, Any]:
+    """What the seconds were measured on: the same run takes ~2x as long on one 2-core VM as on
+    another (benchmarks/passes/2026-11-27-learning.md, ninth pass), so a timing names its CPU."""
+    import platform
+
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown")
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads()}
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        return ""
 
 
 def _cpu() -> float:

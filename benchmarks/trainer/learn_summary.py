@@ -123,6 +123,7 @@ def main() -> None:
         "gains": g, "target_met": g["heldout_greedy"]["met"] and g["heldout_sampled"]["met"]
         and g["train_greedy"]["gain_mean"] > 0 and g["train_sampled"]["gain_mean"] > 0,
         "per_seed": [{"seed": r["seed"], "cpu_seconds": r["cpu_seconds"], "seconds": r["seconds"], "load": r["load"],
+                      "machine": r.get("machine"),
                       "sft_epochs": r["sft"]["epochs"], "sft_probe": r["sft"]["probe"],
                       "judge": r.get("judge"), "rollouts_by_temperature": by_temperature(r)}
                      for r in reports]}

@@ -97,6 +97,9 @@ def test_learn_pipeline_in_miniature(tmp_path) -> None:
     grpo = [json.loads(line) for line in steps]
     assert all(r["guided_episodes"] == 0 and r["model_episodes"] == 4 for r in grpo)
     assert report["cpu_seconds"]["total"] > 0 and report["load"]["start"]
+    machine = report["machine"]  # a timing names what it ran on
+    assert machine["cores"] >= 1 and machine["torch_threads"] == cfg.threads and machine["cpu"]
+    assert machine["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert (tmp_path / "learn" / "learn.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((tmp_path / "learn" / "learn.json").read_text())
     assert saved["evals"] == report["evals"] and saved["writer"].startswith("template writer")
