@@ -2,7 +2,10 @@
 
 Each lease writes its own state (a wishlist named after it) and then reads it back call after
 call (one call per HTTP request): a read that misses its own write or shows another lease's is
-a wrong-state error. A lease that answers 410 is replaced by a new one. Reports errors by kind,
+a wrong-state error. A lease that answers 410 is replaced by a new one. With
+``--episode-calls N`` each lease is released after N reads and a new one taken (episodes, as a
+trainer runs them): a lease's own log then stops growing with the run, so RSS that still grows
+is not the per-lease step log (kept up to 1,000 calls a lease). Reports errors by kind,
 which leases got 410 (only the killed replica's may), RSS over time per process group with a
 linear slope, and calls/s over time, as JSON and a PNG plot. Not part of ``make test``.
 
@@ -39,8 +42,11 @@ TTL_MARGIN_S = 900.0
 class Soak:
     """The traffic and everything it saw."""
 
-    def __init__(self, url: str, leases: int, duration_s: float, direct: bool = False) -> None:
+    def __init__(self, url: str, leases: int, duration_s: float, direct: bool = False,
+                 episode_calls: int | None = None) -> None:
         self.url, self.n, self.duration_s = url, leases, duration_s
+        self.episode_calls = episode_calls  # release + a new lease after this many reads
+        self.episodes = 0
         self.direct = direct  # calls to the lease's owner listener (``direct_url``), the Door skipped
         self.direct_calls = 0
         self.errors: Counter = Counter()
@@ -73,6 +79,17 @@ class Soak:
                 self.errors[f"transport {type(exc).__name__}"] += 1
             await asyncio.sleep(0.2)
 
+    async def _release(self, s: aiohttp.ClientSession, info: dict) -> None:
+        try:
+            async with s.delete(f"{self.url}/envs/{ENV}/leases/{info['lease_id']}",
+                                headers=auth(info)) as r:
+                if r.status == 200:
+                    self.episodes += 1
+                else:
+                    self._error(r.status, await r.read(), r.content_type)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.errors[f"transport {type(exc).__name__}"] += 1
+
     def _call_url(self, info: dict, front: bool = False) -> str:
         base = info.get("direct_url") if self.direct and not front else None
         return f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/{info['lease_id']}/call"
@@ -93,7 +110,11 @@ class Soak:
         await ready.wait()
         read = {"tool": "list_wishlists"}
         front = False  # a direct lease whose owner refused the connection asks the front (the SDK's rule)
+        reads = 0
         while not self.stop.is_set():
+            if self.episode_calls and reads >= self.episode_calls:
+                await self._release(s, info)
+                info, front, reads = await self._acquire(s), False, 0
             t = time.monotonic()
             url = self._call_url(info, front)
             try:
@@ -120,6 +141,7 @@ class Soak:
             if self.calls % 16 == 0:
                 self.latencies.append(now - t)
             if status == 200:
+                reads += 1
                 names = [w["name"] for w in json.loads(body)["result"]["wishlists"]
                          if LEASE_NAME.match(w["name"])]
                 if names != [info["lease_id"]]:
@@ -148,7 +170,8 @@ async def replicas(app: str) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
-    soak = Soak(url, args.leases, args.duration, direct=args.direct)
+    soak = Soak(url, args.leases, args.duration, direct=args.direct,
+                episode_calls=args.episode_calls)
     rss = RssLog(session_dir)
     ready = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=args.connections)
@@ -197,11 +220,12 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
     return {
         "config": {"leases": args.leases, "duration_s": args.duration, "replicas": args.replicas,
                    "door_hop": args.door_hop, "direct": args.direct,
+                   "episode_calls": args.episode_calls,
                    "connections": args.connections, "tool": "list_wishlists (reads own state)",
                    "cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "acquire_all_s": round(acquire_s, 1),
         "calls": soak.calls, "calls_per_s": round(soak.calls / args.duration, 1),
-        "direct_calls": soak.direct_calls,
+        "direct_calls": soak.direct_calls, "episodes_released": soak.episodes,
         "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
         "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
         "errors_by_kind": dict(soak.errors),
@@ -258,6 +282,8 @@ def main() -> None:
     p.add_argument("--direct", action="store_true",
                    help="send each lease's calls to its owner's listener (LeaseInfo.direct_url)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
+    p.add_argument("--episode-calls", type=int, default=None,
+                   help="release each lease after this many reads and take a new one")
     p.add_argument("--name", default="soak", help="results/<name>.json and .png")
     args = p.parse_args()
     if not only_loopback():
