@@ -150,8 +150,7 @@ class Soak:
             self._error(status, body, ctype)
             if status == 410:  # its replica is gone: record whose, take a new lease
                 self.gone_owners[info["lease_id"].split("-")[0]] += 1
-                info = await self._acquire(s)
-                front = False
+                info, front, reads = await self._acquire(s), False, 0
 
 
 def only_loopback() -> bool:
