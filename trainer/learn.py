@@ -179,18 +179,16 @@ def _machine() -> dict[str, Any]:
 
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux
+        info = ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
                   if line.startswith("model name")), platform.processor() or "unknown")
-    return {"cpu": model, "cores": len(os.sched_getaffinity(0)),
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": model, "cores": cores,
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads()}
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux
-        return ""
 
 
 def _cpu() -> float:

@@ -76,11 +76,15 @@ def by_temperature(report: dict[str, Any], span: int = 20) -> dict[str, Any]:
     return out
 
 
+def _saved(arg: str) -> bool:
+    return arg.endswith(".json") and Path(arg).is_file()
+
+
 def load(arg: str) -> dict[str, Any]:
     """A run's learn.json, ``SFT_RUN+GRPO_RUN`` merged (see the module doc), or a report this
     script wrote before (``benchmarks/results/learning/<name>_seed<N>.json``: a seed whose run
     folder is gone)."""
-    if arg.endswith(".json") and Path(arg).is_file():
+    if _saved(arg):
         return json.loads(Path(arg).read_text())
     first, _, second = arg.partition("+")
     report = json.loads((Path(first) / "learn.json").read_text())
@@ -114,7 +118,7 @@ def main() -> None:
     results = REPO / "benchmarks" / "results" / "learning"
     results.mkdir(parents=True, exist_ok=True)
     for arg, report in zip(args.runs, reports):
-        if not arg.endswith(".json"):  # a saved report stays where it is: no second copy
+        if not _saved(arg):  # a saved report stays where it is: no second copy
             (results / f"{args.name}_seed{report['seed']}.json").write_text(json.dumps(report, indent=1) + "\n")
     g = gains(reports)
     summary = {
