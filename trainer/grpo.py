@@ -21,9 +21,11 @@
   mini-batch 16, four updates per batch).
 - A sample may carry its own sampling temperature (a group that mixes temperatures): its
   log-probabilities, old, new and reference, are then taken under softmax(logits / its T).
-- Scale: log-probabilities are computed only at the completion's positions (the hidden states of
-  the prompt never meet the LM head) and the LM head runs in chunks of ``logit_chunk`` positions
-  under activation checkpointing, so no (batch, length, vocabulary) tensor is ever built.
+- Scale: an episode's turns share one row (``trainer.packing``: ~2x fewer tokens scored), rows
+  of like length share a micro-batch (less padding); log-probabilities are computed only at the
+  completion's positions (the hidden states of the prompt never meet the LM head) and the LM
+  head runs in chunks of ``logit_chunk`` positions under activation checkpointing, so no
+  (batch, length, vocabulary) tensor is ever built.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
+
+from trainer.packing import Packed, by_member, pack, packed_logprobs, unpacked
 
 
 IMPORTANCE_LEVELS = ("token", "sequence")
@@ -134,67 +137,14 @@ def sequence_log_ratio(log_ratio: torch.Tensor, lengths: Sequence[int] | None) -
     return means[owner]
 
 
-def _batch(samples: Sequence[Sample], pad_id: int, device: Any
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask, and the (row, position) of every completion token's
-    prediction with its target id: logits at position t predict token t + 1."""
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)
-    rows, cols = [], []
-    for i, s in enumerate(samples):
-        seq = s.prompt_ids + s.completion_ids
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-        start = len(s.prompt_ids) - 1  # predicts the completion's first token
-        rows += [i] * len(s.completion_ids)
-        cols += range(start, start + len(s.completion_ids))
-    where = torch.tensor([rows, cols], dtype=torch.long)
-    targets = ids[where[0], where[1] + 1]
-    return ids.to(device), attn.to(device), where.to(device), targets.to(device)
-
-
-def _head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor,
-                   temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
-    logits = head(hidden).float()  # log-softmax in fp32 whatever the compute dtype
-    if isinstance(temperature, torch.Tensor):  # one per position
-        logits = logits / temperature[:, None]
-    elif temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-
-
 def completion_logprobs(model: Any, samples: Sequence[Sample], pad_id: int,
                         chunk: int = 1024, autocast: str | None = None,
                         temperature: float | Sequence[float] = 1.0) -> torch.Tensor:
     """Log-probabilities of every completion token of ``samples``, flat, in sample order, under
     softmax(logits / ``temperature``): the policy that sampled them (one temperature for all,
-    or one per sample).
-
-    The decoder runs once over the padded batch; only the hidden states that predict a
-    completion token go through the LM head, ``chunk`` at a time, each chunk recomputed in the
-    backward pass instead of keeping its (chunk, vocabulary) logits alive."""
-    device = next(model.parameters()).device
-    ids, attn, where, targets = _batch(samples, pad_id, device)
-    temps: float | torch.Tensor = (
-        float(temperature) if isinstance(temperature, (int, float)) else
-        torch.repeat_interleave(torch.tensor([float(t) for t in temperature], device=device),
-                                torch.tensor([len(s.completion_ids) for s in samples], device=device)))
-    dtype = getattr(torch, autocast) if autocast else None
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-        body = getattr(model, model.base_model_prefix)
-        hidden = body(input_ids=ids, attention_mask=attn).last_hidden_state
-        picked = hidden[where[0], where[1]]
-        head = model.get_output_embeddings()
-        parts = []
-        for i in range(0, picked.shape[0], chunk):
-            h, t = picked[i:i + chunk], targets[i:i + chunk]
-            temp = temps[i:i + chunk] if isinstance(temps, torch.Tensor) else temps
-            if torch.is_grad_enabled():
-                parts.append(checkpoint(_head_logprobs, head, h, t, temp, use_reentrant=False))
-            else:
-                parts.append(_head_logprobs(head, h, t, temp))
-    return torch.cat(parts) if parts else torch.zeros(0, device=device)
+    or one per sample). Each sample in its own row (``trainer.packing`` says how)."""
+    return packed_logprobs(model, unpacked(samples), pad_id, chunk=chunk, autocast=autocast,
+                           temperature=temperature)
 
 
 def completion_logprob(model: Any, sample: Sample, pad_id: int) -> float:
@@ -203,52 +153,55 @@ def completion_logprob(model: Any, sample: Sample, pad_id: int) -> float:
         return float(completion_logprobs(model, [sample], pad_id).sum())
 
 
-def _temperatures(samples: Sequence[Sample], cfg: GRPOConfig) -> float | list[float]:
-    """The sampling temperature of each sample; one number when they share it."""
-    temps = [cfg.temperature if s.temperature is None else s.temperature for s in samples]
-    if any(t <= 0 for t in temps):
-        raise ValueError("a GRPO sample needs a sampling temperature > 0 (greedy turns have "
-                         "no sampling policy to take a ratio against)")
-    return temps[0] if len(set(temps)) == 1 else temps
-
-
 def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
+
+
+def _rows(samples: Sequence[Sample], chosen: Sequence[int]) -> list[Packed]:
+    """The ``chosen`` samples packed (turns of an episode in one row, ``trainer.packing``),
+    shortest row first: a micro-batch pads to its longest row, so like lengths go together."""
+    order = sorted(chosen)  # rollout order: an episode's turns one after another
+    return sorted(pack([samples[i] for i in order], members=order), key=lambda r: len(r.ids))
+
+
+def _logprobs(model: Any, samples: Sequence[Sample], rows: Sequence[Packed], pad_id: int,
+              cfg: GRPOConfig) -> dict[int, torch.Tensor]:
+    """Each member sample's completion log-probs, by sample index, under its temperature."""
+    temps = [cfg.temperature if s.temperature is None else s.temperature for s in samples]
+    if any(temps[m] <= 0 for r in rows for m in r.members):
+        raise ValueError("a GRPO sample needs a sampling temperature > 0 (greedy turns have "
+                         "no sampling policy to take a ratio against)")
+    logp = packed_logprobs(model, rows, pad_id, chunk=cfg.logit_chunk, autocast=cfg.autocast,
+                           temperature=temps)
+    return by_member(logp, rows)
 
 
 def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequence[Sample],
               pad_id: int, cfg: GRPOConfig | None = None) -> dict[str, float]:
     """The update for one rollout batch: ``ppo_epochs`` x ``mini_batches`` optimizer steps.
     Returns loss statistics averaged over completion tokens (``clip_frac`` of the last epoch
-    shows whether the clip bound). No samples: no step."""
+    shows whether the clip bound). No samples: no step.
+
+    Samples are scored packed (an episode's turns of one mini-batch share a row) and
+    ``micro_batch`` rows at a time, rows of like length together: the loss is a sum over
+    tokens, so how tokens are grouped into forward passes changes nothing but the time."""
     cfg = cfg or GRPOConfig()
     samples = [s for s in samples if s.completion_ids]
     if not samples:
         return {"loss": 0.0, "samples": 0, "tokens": 0, "optimizer_steps": 0}
     model.train()
-    olds: dict[int, torch.Tensor] = {}
+    given = {i for i, s in enumerate(samples)
+             if s.old_logprobs is not None and len(s.old_logprobs) == len(s.completion_ids)}
+    olds = {i: torch.tensor(samples[i].old_logprobs, dtype=torch.float32) for i in given}
     refs: dict[int, torch.Tensor] = {}
     with torch.no_grad():  # fixed for the whole update: the sampling policy and the reference
-        for chunk in _chunks(list(range(len(samples))), cfg.micro_batch):
-            batch = [samples[i] for i in chunk]
-            current = None
-            if any(s.old_logprobs is None or len(s.old_logprobs) != len(s.completion_ids)
-                   for s in batch):
-                current = completion_logprobs(model, batch, pad_id, cfg.logit_chunk,
-                                              cfg.autocast, _temperatures(batch, cfg)).split(
-                                                  [len(s.completion_ids) for s in batch])
-            ref = (completion_logprobs(ref_model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
-                                       _temperatures(batch, cfg))
-                   .split([len(s.completion_ids) for s in batch]) if ref_model is not None
-                   else None)
-            for k, i in enumerate(chunk):
-                s = samples[i]
-                if s.old_logprobs is not None and len(s.old_logprobs) == len(s.completion_ids):
-                    olds[i] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-                else:
-                    olds[i] = current[k].float().cpu()
-                if ref is not None:
-                    refs[i] = ref[k].float().cpu()
+        for micro in _chunks(_rows(samples, range(len(samples))), cfg.micro_batch):
+            if any(m not in given for r in micro for m in r.members):
+                olds.update({i: t.float().cpu() for i, t in
+                             _logprobs(model, samples, micro, pad_id, cfg).items() if i not in given})
+            if ref_model is not None:
+                refs.update({i: t.float().cpu() for i, t in
+                             _logprobs(ref_model, samples, micro, pad_id, cfg).items()})
     rng = random.Random(cfg.seed)
     order = list(range(len(samples)))
     n_mini = max(1, min(cfg.mini_batches, len(samples)))
@@ -262,17 +215,18 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
         for mini in minis:
             tokens = sum(len(samples[i].completion_ids) for i in mini)
             optimizer.zero_grad(set_to_none=True)
-            for micro in _chunks(mini, cfg.micro_batch):
-                batch = [samples[i] for i in micro]
-                logp = completion_logprobs(model, batch, pad_id, cfg.logit_chunk, cfg.autocast,
-                                           _temperatures(batch, cfg))
+            for micro in _chunks(_rows(samples, mini), cfg.micro_batch):
+                members = [m for r in micro for m in r.members]
+                got = _logprobs(model, samples, micro, pad_id, cfg)
+                logp = torch.cat([got[i] for i in members])
                 dev = logp.device
-                old = torch.cat([olds[i] for i in micro]).to(dev)
-                ref = torch.cat([refs[i] for i in micro]).to(dev) if refs else None
-                adv = torch.tensor([s.advantage for s in batch for _ in s.completion_ids],
+                old = torch.cat([olds[i] for i in members]).to(dev)
+                ref = torch.cat([refs[i] for i in members]).to(dev) if refs else None
+                adv = torch.tensor([samples[i].advantage for i in members
+                                    for _ in samples[i].completion_ids],
                                    dtype=torch.float32, device=dev)
                 per_token, pg, kl, clipped = policy_loss(
-                    logp.float(), old, ref, adv, cfg, [len(s.completion_ids) for s in batch])
+                    logp.float(), old, ref, adv, cfg, [len(samples[i].completion_ids) for i in members])
                 loss = per_token.sum() / tokens  # token-mean over the mini-batch
                 loss.backward()
                 if last_epoch:

@@ -21,6 +21,7 @@ from typing import Any
 
 from trainer.batched import BatchedPolicy, run_lockstep
 from trainer.episode import EpisodeConfig, EpisodeResult
+from trainer.packing import pack, packed_logprobs
 
 
 def tokenizer_texts(catalog: Any, jobs: Sequence[tuple[str, int]], style: dict[str, bool]) -> list[str]:
@@ -84,53 +85,6 @@ async def reference_samples(farm_url: str, catalog: Any, jobs: Sequence[tuple[st
     if failed:
         raise RuntimeError(f"reference solutions that do not solve their task: {failed[:5]}")
     return [[turn_sample(tokenizer, rec, 1.0) for rec in r.turns] for r in results]
-
-
-@dataclasses.dataclass
-class Packed:
-    """One token sequence holding several turn samples of an episode: each turn's prompt is the
-    sequence so far (the window cut nothing yet), so one forward pass scores every turn exactly
-    as its own sample would (causal attention). ``targets``: positions of the turns' tokens."""
-
-    ids: list[int]
-    targets: list[int]
-
-
-def pack(samples: Sequence[Any]) -> list[Packed]:
-    """Consecutive turn samples of one episode merged while each prompt extends the sequence so
-    far token for token; a turn whose window dropped a turn (or that re-tokenized differently)
-    starts a new sequence."""
-    out: list[Packed] = []
-    for s in samples:
-        cur = out[-1] if out else None
-        if cur is not None and len(s.prompt_ids) >= len(cur.ids) and s.prompt_ids[:len(cur.ids)] == cur.ids:
-            start = len(s.prompt_ids)
-            cur.ids = list(s.prompt_ids) + list(s.completion_ids)
-        else:
-            start = len(s.prompt_ids)
-            cur = Packed(list(s.prompt_ids) + list(s.completion_ids), [])
-            out.append(cur)
-        cur.targets += range(start, start + len(s.completion_ids))
-    return out
-
-
-def packed_logprobs(model: Any, rows: Sequence[Packed], pad_id: int) -> Any:
-    """Log-probabilities of every target token of ``rows``, flat (one forward pass, right-padded)."""
-    import torch
-
-    width = max(len(r.ids) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    where_r, where_c = [], []
-    for i, r in enumerate(rows):
-        ids[i, :len(r.ids)] = torch.tensor(r.ids)
-        attn[i, :len(r.ids)] = 1
-        where_r += [i] * len(r.targets)
-        where_c += [t - 1 for t in r.targets]  # logits at t - 1 predict token t
-    rr, cc = torch.tensor(where_r), torch.tensor(where_c)
-    hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=attn).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[rr, cc]).float()
-    return logits.gather(1, ids[rr, cc + 1][:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
 def sft(model: Any, episodes: list[list[Any]], pad_id: int, *, epochs: int, lr: float, batch: int,

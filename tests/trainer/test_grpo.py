@@ -443,12 +443,11 @@ def test_loss_sees_only_completion_tokens(model_and_tokenizer):
     targets changes nothing; an empty completion contributes no tokens and no step."""
     model, tokenizer = model_and_tokenizer
     s = _group(tokenizer)[0]
-    from trainer.grpo import _batch
+    from trainer.packing import unpacked
 
-    _, _, where, targets = _batch([s], tokenizer.pad_token_id, "cpu")
-    assert targets.tolist() == s.completion_ids
-    assert where[1].tolist() == list(range(len(s.prompt_ids) - 1,
-                                           len(s.prompt_ids) + len(s.completion_ids) - 1))
+    row = unpacked([s])[0]
+    assert [row.ids[t] for t in row.targets] == s.completion_ids
+    assert row.targets == list(range(len(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert grpo_step(model, None, opt, [Sample(s.prompt_ids, [], 1.0)], 0)["samples"] == 0
 
@@ -479,3 +478,45 @@ def test_the_learning_rate_is_constant_then_falls_linearly_from_lr_decay_from():
     tail = TrainConfig(steps=10, lr=1e-4, lr_decay_from=6)  # 4 decaying steps: 4/4 .. 1/4
     assert [tail.lr_at(s) for s in range(10)] == pytest.approx([1e-4] * 6 + [1e-4, 7.5e-5, 5e-5, 2.5e-5])
     assert TrainConfig(steps=10, lr=1e-4, lr_decay_from=10).lr_at(9) == 1e-4  # never reached
+
+
+def _episodes(tokenizer) -> list[Sample]:
+    """Two episodes' turn samples in rollout order (each turn's prompt: the episode so far),
+    the second episode's last turn after its window dropped a turn; each episode at its own
+    temperature, each turn its own advantage."""
+    out = []
+    for e, (temp, city) in enumerate([(0.7, "Lisbon"), (1.0, "Porto and then Faro")]):
+        seq = encode_prompt(tokenizer, [Message(role="user", content=f"Book a room in {city}.")])
+        head = list(seq)
+        for k in range(3):
+            turn = encode_completion(tokenizer, call_tool_text("search", {"city": city, "k": k}, "Go."))
+            out.append(Sample(list(seq), turn, (k + 1) * (-1) ** e, temperature=temp))
+            seq += turn + tokenizer(f" result {k} for {city}").input_ids
+        if e:
+            out.append(Sample(head + turn, turn, 0.5, temperature=temp))  # window cut turns
+    return out
+
+
+def test_packed_update_is_the_update_of_every_sample_alone(model_and_tokenizer):
+    """The update packs an episode's turns into one row and groups rows by length; the step
+    it takes is the gradient of the token-mean loss of each sample scored alone (SGD, lr 1:
+    the weights move by exactly minus that gradient)."""
+    from trainer.packing import pack
+
+    model, tokenizer = model_and_tokenizer
+    samples = _episodes(tokenizer)
+    assert len(pack(samples)) == 3 < len(samples)  # two episodes' rows, and the cut one
+    hand = copy.deepcopy(model)
+    tokens = sum(len(s.completion_ids) for s in samples)
+    loss = sum(-s.advantage * completion_logprobs(hand, [s], tokenizer.pad_token_id,
+                                                  temperature=s.temperature).sum()
+               for s in samples) / tokens  # at the sampling policy: every ratio is 1
+    loss.backward()
+    stepped = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in stepped.named_parameters()}
+    opt = torch.optim.SGD(stepped.parameters(), lr=1.0)
+    grpo_step(stepped, None, opt, samples, tokenizer.pad_token_id,
+              GRPOConfig(kl_coef=0.0, micro_batch=2, max_grad_norm=1e9))
+    for name, p in stepped.named_parameters():
+        grad = dict(hand.named_parameters())[name].grad
+        assert torch.allclose(before[name] - p.detach(), grad, atol=1e-6), name

@@ -13,7 +13,7 @@ from cluster.compose import LocalFarm
 from envfarm.farm import FarmConfig, PoolConfig
 from trainer.grpo import Sample, completion_logprobs
 from trainer.learn import LearnConfig, prepare, run
-from trainer.learn_steps import pack, packed_logprobs
+from trainer.packing import pack, packed_logprobs
 
 ENV = "personal_banking_1"
 
