@@ -58,6 +58,8 @@ class GRPOConfig:
     seed: int = 0              # mini-batch shuffling
     importance: str = "token"  # "sequence": one ratio per sample (geometric mean, GSPO-style)
     temperature: float = 1.0   # the rollouts': the policy trained is softmax(logits / T) (verl's)
+    pack: bool = True          # False: one row per sample, in mini-batch order (the unpacked
+                               # update: what the packed one is benchmarked against)
 
     def __post_init__(self) -> None:
         if self.importance not in IMPORTANCE_LEVELS:
@@ -157,9 +159,11 @@ def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
-def _rows(samples: Sequence[Sample], chosen: Sequence[int]) -> list[Packed]:
+def _rows(samples: Sequence[Sample], chosen: Sequence[int], cfg: GRPOConfig) -> list[Packed]:
     """The ``chosen`` samples packed (turns of an episode in one row, ``trainer.packing``),
     shortest row first: a micro-batch pads to its longest row, so like lengths go together."""
+    if not cfg.pack:
+        return unpacked([samples[i] for i in chosen], members=list(chosen))
     order = sorted(chosen)  # rollout order: an episode's turns one after another
     return sorted(pack([samples[i] for i in order], members=order), key=lambda r: len(r.ids))
 
@@ -195,7 +199,7 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
     olds = {i: torch.tensor(samples[i].old_logprobs, dtype=torch.float32) for i in given}
     refs: dict[int, torch.Tensor] = {}
     with torch.no_grad():  # fixed for the whole update: the sampling policy and the reference
-        for micro in _chunks(_rows(samples, range(len(samples))), cfg.micro_batch):
+        for micro in _chunks(_rows(samples, range(len(samples)), cfg), cfg.micro_batch):
             if any(m not in given for r in micro for m in r.members):
                 olds.update({i: t.float().cpu() for i, t in
                              _logprobs(model, samples, micro, pad_id, cfg).items() if i not in given})
@@ -215,7 +219,7 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
         for mini in minis:
             tokens = sum(len(samples[i].completion_ids) for i in mini)
             optimizer.zero_grad(set_to_none=True)
-            for micro in _chunks(_rows(samples, mini), cfg.micro_batch):
+            for micro in _chunks(_rows(samples, mini, cfg), cfg.micro_batch):
                 members = [m for r in micro for m in r.members]
                 got = _logprobs(model, samples, micro, pad_id, cfg)
                 logp = torch.cat([got[i] for i in members])

@@ -52,11 +52,12 @@ def pack(samples: Sequence[Any], members: Sequence[int] | None = None) -> list[P
     return out
 
 
-def unpacked(samples: Sequence[Any]) -> list[Packed]:
+def unpacked(samples: Sequence[Any], members: Sequence[int] | None = None) -> list[Packed]:
     """One row per sample (nothing shared): the reference :func:`pack` must agree with."""
     return [Packed(list(s.prompt_ids) + list(s.completion_ids),
-                   list(range(len(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids))), [k],
-                   [len(s.completion_ids)]) for k, s in enumerate(samples)]
+                   list(range(len(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids))),
+                   [members[k] if members is not None else k], [len(s.completion_ids)])
+            for k, s in enumerate(samples)]
 
 
 def packed_logprobs(model: Any, rows: Sequence[Packed], pad_id: int, *, chunk: int | None = None,

@@ -119,12 +119,7 @@ class Trainer:
         """One GRPO step; returns (and logs) its metrics."""
         step = self.step
         started = time.perf_counter()
-        gate = asyncio.Semaphore(self.cfg.concurrency)
-        async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency),
-                        direct=self.cfg.farm_direct) as farm:
-            skip = await quarantined(farm)
-            groups = await asyncio.gather(*(self._group(farm, gate, env, idx, (step, k))
-                                            for k, (env, idx) in enumerate(self.pick_tasks(step, skip))))
+        groups = await self.rollouts(step)
         rollout_s = time.perf_counter() - started
         t = time.perf_counter()
         await judging.settle([e for g in groups for e in g], self.judge)
@@ -153,6 +148,16 @@ class Trainer:
                             extra={"metrics": record}, keep=self.cfg.keep_checkpoints)
         self.step = step + 1
         return record
+
+    async def rollouts(self, step: int) -> list[list[EpisodeResult]]:
+        """Step ``step``'s groups of rollouts by the current model (what ``train_step`` learns
+        from; an empty group: the farm could not lease it)."""
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+        async with Farm(self.farm_url, max_connections=max(64, self.cfg.concurrency),
+                        direct=self.cfg.farm_direct) as farm:
+            tasks = self.pick_tasks(step, await quarantined(farm))
+            return list(await asyncio.gather(*(self._group(farm, gate, env, idx, (step, k))
+                                               for k, (env, idx) in enumerate(tasks))))
 
     async def _group(self, farm: Farm, gate: asyncio.Semaphore, env: str, task_idx: int,
                      key: tuple[int, int] = (0, 0)) -> list[EpisodeResult]:

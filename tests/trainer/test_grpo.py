@@ -512,11 +512,12 @@ def test_packed_update_is_the_update_of_every_sample_alone(model_and_tokenizer):
                                                   temperature=s.temperature).sum()
                for s in samples) / tokens  # at the sampling policy: every ratio is 1
     loss.backward()
-    stepped = copy.deepcopy(model)
-    before = {n: p.detach().clone() for n, p in stepped.named_parameters()}
-    opt = torch.optim.SGD(stepped.parameters(), lr=1.0)
-    grpo_step(stepped, None, opt, samples, tokenizer.pad_token_id,
-              GRPOConfig(kl_coef=0.0, micro_batch=2, max_grad_norm=1e9))
-    for name, p in stepped.named_parameters():
-        grad = dict(hand.named_parameters())[name].grad
-        assert torch.allclose(before[name] - p.detach(), grad, atol=1e-6), name
+    for packed in (True, False):  # False: one row per sample, the benchmark's baseline
+        stepped = copy.deepcopy(model)
+        before = {n: p.detach().clone() for n, p in stepped.named_parameters()}
+        opt = torch.optim.SGD(stepped.parameters(), lr=1.0)
+        grpo_step(stepped, None, opt, samples, tokenizer.pad_token_id,
+                  GRPOConfig(kl_coef=0.0, micro_batch=2, max_grad_norm=1e9, pack=packed))
+        for name, p in stepped.named_parameters():
+            grad = dict(hand.named_parameters())[name].grad
+            assert torch.allclose(before[name] - p.detach(), grad, atol=1e-6), (packed, name)
