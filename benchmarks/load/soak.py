@@ -53,6 +53,7 @@ class Soak:
         self.gone_owners: Counter = Counter()
         self.per_second: Counter = Counter()
         self.latencies: list[float] = []
+        self.error_samples: dict[str, list[dict]] = {}
         self.calls = 0
         self.held = 0
         self.t0 = 0.0
@@ -72,9 +73,9 @@ class Soak:
                                           headers=auth(info)) as w:
                             if w.status == 200:
                                 return info
-                            self._error(w.status, await w.read(), w.content_type)
+                            self._error(w.status, await w.read(), w.content_type, "first call")
                     else:
-                        self._error(r.status, await r.read(), r.content_type)
+                        self._error(r.status, await r.read(), r.content_type, "acquire")
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.errors[f"transport {type(exc).__name__}"] += 1
             await asyncio.sleep(0.2)
@@ -86,7 +87,7 @@ class Soak:
                 if r.status == 200:
                     self.episodes += 1
                 else:
-                    self._error(r.status, await r.read(), r.content_type)
+                    self._error(r.status, await r.read(), r.content_type, "release")
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.errors[f"transport {type(exc).__name__}"] += 1
 
@@ -94,15 +95,19 @@ class Soak:
         base = info.get("direct_url") if self.direct and not front else None
         return f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/{info['lease_id']}/call"
 
-    def _error(self, status: int, body: bytes, content_type: str) -> None:
+    def _error(self, status: int, body: bytes, content_type: str, where: str = "call") -> None:
         if "json" in content_type:
             try:
                 kind = json.loads(body)["error"]["kind"]
             except (ValueError, KeyError, TypeError):
                 kind = "unparsed"
-            self.errors[f"{status} {kind}"] += 1
+            key = f"{status} {kind}"
         else:  # HAProxy's own error page, or Serve's bare text
-            self.errors[f"{status} non-json"] += 1
+            key = f"{status} non-json"
+        self.errors[key] += 1
+        seen = self.error_samples.setdefault(key, [])
+        if len(seen) < 3:  # what the first few said, and to which request
+            seen.append({"where": where, "body": body[:300].decode("utf-8", "replace")})
 
     async def lease_loop(self, s: aiohttp.ClientSession, ready: asyncio.Event) -> None:
         info = await self._acquire(s)
@@ -227,7 +232,7 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
         "direct_calls": soak.direct_calls, "episodes_released": soak.episodes,
         "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
         "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
-        "errors_by_kind": dict(soak.errors),
+        "errors_by_kind": dict(soak.errors), "error_samples": soak.error_samples,
         "killed": {"owner": victim if kill_at is not None else None, "at_s": kill_at,
                    "replicas_before": sorted(before),
                    "replicas_after": sorted(after)},
