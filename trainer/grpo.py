@@ -168,13 +168,18 @@ def _rows(samples: Sequence[Sample], chosen: Sequence[int], cfg: GRPOConfig) -> 
     return sorted(pack([samples[i] for i in order], members=order), key=lambda r: len(r.ids))
 
 
-def _logprobs(model: Any, samples: Sequence[Sample], rows: Sequence[Packed], pad_id: int,
-              cfg: GRPOConfig) -> dict[int, torch.Tensor]:
-    """Each member sample's completion log-probs, by sample index, under its temperature."""
+def _temperatures(samples: Sequence[Sample], cfg: GRPOConfig) -> list[float]:
+    """Each sample's sampling temperature (the config's where it names none)."""
     temps = [cfg.temperature if s.temperature is None else s.temperature for s in samples]
-    if any(temps[m] <= 0 for r in rows for m in r.members):
+    if any(t <= 0 for t in temps):
         raise ValueError("a GRPO sample needs a sampling temperature > 0 (greedy turns have "
                          "no sampling policy to take a ratio against)")
+    return temps
+
+
+def _logprobs(model: Any, rows: Sequence[Packed], temps: Sequence[float], pad_id: int,
+              cfg: GRPOConfig) -> dict[int, torch.Tensor]:
+    """Each member sample's completion log-probs, by sample index, under its temperature."""
     logp = packed_logprobs(model, rows, pad_id, chunk=cfg.logit_chunk, autocast=cfg.autocast,
                            temperature=temps)
     return by_member(logp, rows)
@@ -194,6 +199,7 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
     if not samples:
         return {"loss": 0.0, "samples": 0, "tokens": 0, "optimizer_steps": 0}
     model.train()
+    temps = _temperatures(samples, cfg)
     given = {i for i, s in enumerate(samples)
              if s.old_logprobs is not None and len(s.old_logprobs) == len(s.completion_ids)}
     olds = {i: torch.tensor(samples[i].old_logprobs, dtype=torch.float32) for i in given}
@@ -202,10 +208,10 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
         for micro in _chunks(_rows(samples, range(len(samples)), cfg), cfg.micro_batch):
             if any(m not in given for r in micro for m in r.members):
                 olds.update({i: t.float().cpu() for i, t in
-                             _logprobs(model, samples, micro, pad_id, cfg).items() if i not in given})
+                             _logprobs(model, micro, temps, pad_id, cfg).items() if i not in given})
             if ref_model is not None:
                 refs.update({i: t.float().cpu() for i, t in
-                             _logprobs(ref_model, samples, micro, pad_id, cfg).items()})
+                             _logprobs(ref_model, micro, temps, pad_id, cfg).items()})
     rng = random.Random(cfg.seed)
     order = list(range(len(samples)))
     n_mini = max(1, min(cfg.mini_batches, len(samples)))
@@ -221,7 +227,7 @@ def grpo_step(model: Any, ref_model: Any | None, optimizer: Any, samples: Sequen
             optimizer.zero_grad(set_to_none=True)
             for micro in _chunks(_rows(samples, mini, cfg), cfg.micro_batch):
                 members = [m for r in micro for m in r.members]
-                got = _logprobs(model, samples, micro, pad_id, cfg)
+                got = _logprobs(model, micro, temps, pad_id, cfg)
                 logp = torch.cat([got[i] for i in members])
                 dev = logp.device
                 old = torch.cat([olds[i] for i in members]).to(dev)

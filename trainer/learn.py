@@ -169,10 +169,10 @@ class _Clock:
         self.load["end"] = os.getloadavg()
         return {"seconds": {**self.seconds, "total": time.perf_counter() - self.start},
                 "cpu_seconds": {**self.cpu, "total": _cpu() - self.cpu0}, "load": self.load,
-                "machine": _machine()}
+                "machine": machine()}
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
     """What the seconds were measured on: the same run takes ~2x as long on one 2-core VM as on
     another (benchmarks/passes/2026-11-27-learning.md, ninth pass), so a timing names its CPU."""
     import platform

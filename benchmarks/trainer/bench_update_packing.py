@@ -58,7 +58,7 @@ def _update(trainer, samples, pack: bool, step: int) -> tuple[float, dict, dict]
 def main() -> None:
     from cluster.compose import LocalFarm
     from envfarm.farm import FarmConfig, PoolConfig
-    from trainer.learn import LearnConfig, _machine, prepare
+    from trainer.learn import LearnConfig, machine, prepare
     from trainer.packing import pack as pack_rows
     from trainer.train import Trainer
 
@@ -89,18 +89,18 @@ def main() -> None:
                 times[name].append(seconds)
                 results[name] = (stats, weights)
         (sp, wp), (su, wu) = results["packed"], results["unpacked"]
+        packed = pack_rows(samples)
         rows.append({
             "batch": step, "samples": len(samples),
             "completion_tokens": sum(len(s.completion_ids) for s in samples),
             "tokens_unpacked": sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples),
-            "tokens_packed": sum(len(r.ids) for r in pack_rows(samples)),
-            "rows_packed": len(pack_rows(samples)),
+            "tokens_packed": sum(len(r.ids) for r in packed), "rows_packed": len(packed),
             "seconds": times, "median_s": {k: statistics.median(v) for k, v in times.items()},
             "speedup": statistics.median(times["unpacked"]) / statistics.median(times["packed"]),
             "loss_diff": abs(sp["loss"] - su["loss"]),
             "weight_diff": max(float((wp[k] - wu[k]).detach().abs().max()) for k in wp)})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "seconds"}), flush=True)
-    report = {"machine": _machine(), "model": str(args.model), "config": str(args.config),
+    report = {"machine": machine(), "model": str(args.model), "config": str(args.config),
               "rounds": args.rounds, "batches": rows,
               "speedup_median": statistics.median(r["speedup"] for r in rows)}
     print(json.dumps({"speedup_median": report["speedup_median"]}))
