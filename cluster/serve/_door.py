@@ -11,6 +11,7 @@ and the pool behind is one.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import aiohttp
@@ -27,6 +28,7 @@ from envfarm.wire import ForwardedRequest, ForwardedResponse
 
 
 Hop = Literal["http", "handle"]
+_log = logging.getLogger("ray.serve")
 
 
 class Door:
@@ -37,8 +39,19 @@ class Door:
         self.max_body_bytes = max_body_bytes
         self.links = OwnerLinks(pool)
         self._hop: Hop = hop
+        self.requests = 0  # all it was asked (operators, tests)
 
     async def __call__(self, request: Request) -> Response:
+        self.requests += 1
+        try:
+            return await self._serve(request)
+        except Exception:  # noqa: BLE001 - a bug here must not reach the client as Serve's bare 500
+            # not the path: an MCP path carries the lease's credential
+            _log.exception("the Door failed on a %s request", request.method)
+            return error_response(EnvfarmError("the farm's Door failed on this request; see "
+                                               "its replica log"))
+
+    async def _serve(self, request: Request) -> Response:
         body = await request.body()
         if len(body) > self.max_body_bytes:
             return error_response(PayloadTooLarge(
@@ -91,11 +104,12 @@ class Door:
         return to_response(res)
 
     async def hop(self, kind: Hop | None = None) -> dict[str, Any]:
-        """How lease requests reach their owner (set it with ``kind``), and how many took the
-        direct hop so far (operators, benchmarks, tests)."""
+        """How lease requests reach their owner (set it with ``kind``), how many requests came
+        and how many took the direct hop so far (operators, benchmarks, tests)."""
         if kind is not None:
             self._hop = kind
-        return {"hop": self._hop, "sent_direct": self.links.sent, "owners": len(self.links.urls),
+        return {"hop": self._hop, "requests": self.requests, "sent_direct": self.links.sent,
+                "owners": len(self.links.urls),
                 "listeners": sorted(self.links.urls.values())}
 
 
