@@ -62,7 +62,9 @@ class Farm:
         """``direct``: send each lease's requests straight to the replica that owns it where
         the farm names one (``LeaseInfo.direct_url``: multi-replica pools behind a Door), past
         HAProxy and the Door. For clients inside the cluster: the address is the replica's node.
-        Where it does not answer, the lease's requests go through ``url`` again."""
+        Where it does not answer, the lease's requests go through ``url`` again. New leases
+        then take turns among ``url`` (the farm places them by load, and names new replicas)
+        and the listeners already named for that env, so the Door carries a share of them."""
         self.url = url.rstrip("/")
         self.transport = transport or HTTPTransport(url, max_connections=max_connections,
                                                     timeout_s=timeout_s)
@@ -72,6 +74,8 @@ class Farm:
         self.direct = direct
         self._max_connections, self._timeout_s = max_connections, timeout_s
         self._owners: dict[str, Transport] = {}  # direct_url -> its transport
+        self._listeners: dict[str, list[str]] = {}  # env -> direct_urls named, in order
+        self._turn = 0  # whose turn a new lease is (direct): the front's, or a listener's
 
     async def __aenter__(self) -> Self:
         return self
@@ -89,7 +93,9 @@ class Farm:
         """Where a lease's requests go straight to its owner (``direct``), else None."""
         if not self.direct or not info.direct_url:
             return None
-        url = info.direct_url.rstrip("/")
+        return self._transport_to(info.direct_url.rstrip("/"))
+
+    def _transport_to(self, url: str) -> Transport:
         if url not in self._owners:
             self._owners[url] = HTTPTransport(url, max_connections=self._max_connections,
                                               timeout_s=self._timeout_s)
@@ -123,7 +129,7 @@ class Farm:
                 attempt += 1
                 await asyncio.sleep(_retry_after(reply, self.backoff_s))
                 continue
-            retryable = reply.status in (502, 503, 504) and safe
+            retryable = safe and (reply.status in (502, 503, 504) or _ingress_error(reply))
             if retryable and attempt < self.retries:
                 attempt += 1
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -169,7 +175,7 @@ class Farm:
         deadline = loop.time() + wait_s
         while True:
             try:
-                data = await self._json("POST", f"/envs/{env}/leases", json_body=body, safe=True)
+                data = await self._granting(env, "leases", body)
                 return Lease(self, LeaseInfo.model_validate(data))
             except (PoolExhausted, QuotaExceeded):
                 if loop.time() >= deadline:
@@ -195,8 +201,45 @@ class Farm:
         """``count`` leases in one request (e.g. a GRPO group on one task)."""
         body = {"count": count, "task_idx": task_idx, "ttl_s": ttl_s,
                 "idempotency_key": uuid.uuid4().hex}
-        data = await self._json("POST", f"/envs/{env}/leases:batch", json_body=body, safe=True)
+        data = await self._granting(env, "leases:batch", body)
         return [Lease(self, LeaseInfo.model_validate(d)) for d in data]
+
+    async def _granting(self, env: str, what: str, body: dict[str, Any]) -> Any:
+        """POST ``/envs/<env>/<what>`` (new leases, idempotent by ``body``'s key) where it is
+        the turn of: the front, or on a ``direct`` farm an env's listener already named (its
+        replica makes them; a listener that does not connect is forgotten, a full one leaves
+        them to the front). The answer's leases name their listener."""
+        path = f"/envs/{env}/{what}"
+        known = self._listeners.get(env, []) if self.direct else []
+        self._turn = (self._turn + 1) % (len(known) + 1)
+        if self._turn:
+            url = known[self._turn - 1]
+            try:
+                data = await self._json("POST", path, json_body=body, safe=True,
+                                        via=self._owners[url])
+            except TransportError as exc:
+                if exc.fields.get("sent") is not False:
+                    raise  # it may have made them: never asked again elsewhere
+                self._forget(url)
+            except PoolExhausted:
+                pass  # that replica is full: the front places them
+            else:
+                for info in _infos(data):
+                    info["direct_url"] = info.get("direct_url") or url  # it does not name itself
+                return data
+        data = await self._json("POST", path, json_body=body, safe=True)
+        for info in _infos(data) if self.direct else []:
+            url = (info.get("direct_url") or "").rstrip("/")
+            if url and url not in known:
+                self._listeners[env] = known = [*known, url]
+                self._transport_to(url)
+        return data
+
+    def _forget(self, url: str) -> None:
+        """A listener that refused a connection: its replica is gone, no new leases there."""
+        for known in self._listeners.values():
+            if url in known:
+                known.remove(url)
 
     async def batch_call(self, calls: Sequence[tuple[Lease, str, dict[str, Any]]]
                          ) -> list[CallResult | EnvfarmError]:
@@ -234,6 +277,23 @@ def _decode(reply: Reply, method: str, path: str) -> Any:
         raise TransportError(f"farm answered non-JSON to {method} {path}") from exc
 
 
+def _infos(data: Any) -> list[dict[str, Any]]:
+    """The lease infos of a lease-granting answer (one, or a list of them)."""
+    return [i for i in (data if isinstance(data, list) else [data]) if isinstance(i, dict)]
+
+
+def _ingress_error(reply: Reply) -> bool:
+    """A 5xx that is not the farm's own typed answer: the ingress in front of it gave up (Serve's
+    HAProxy answers its 502/503/504, a queue timeout say, as a bare-text 500)."""
+    if reply.status < 500:
+        return False
+    try:
+        error = json.loads(reply.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return True
+    return not isinstance(error, dict)
+
+
 def _retry_after(reply: Reply, default: float) -> float:
     """The body's exact ``retry_after_s``, else the whole-second header, capped at 30 s."""
     try:
@@ -264,20 +324,39 @@ class Lease:
 
     async def _request(self, method: str, suffix: str = "", **kw: Any) -> Reply:
         """A request of this lease: straight to its owner where the farm is ``direct``; once
-        that fails to connect (or a retryable request fails there), through the farm's front
-        from then on, which knows whether the owner still lives (a typed 410 if not)."""
+        that fails to connect (or a retryable request fails there), elsewhere from then on:
+        another replica's listener of the env where one is known (it hands the request on to
+        the owner), else the farm's front; either knows whether the owner still lives (a typed
+        410 if not). After a replica dies its leases' requests then skip the Door."""
+        path = self.path + suffix
         if self._direct is not None:
             try:
-                return await self.farm._request(method, self.path + suffix, token=self.token,
+                return await self.farm._request(method, path, token=self.token,
                                                 via=self._direct, **kw)
             except TransportError as exc:
                 self._direct = None
-                if not (kw.get("safe") or exc.fields.get("sent") is False):
-                    # Lost in flight: if the owner died, the front's typed 410 says so.
-                    await self.farm._request("GET", self.path + "/tools", token=self.token,
-                                             safe=True)
+                refused = exc.fields.get("sent") is False
+                if refused and self.info.direct_url:
+                    self.farm._forget(self.info.direct_url.rstrip("/"))  # its replica is gone
+                if not (kw.get("safe") or refused):
+                    # Lost in flight: if the owner died, a typed 410 says so.
+                    await self._elsewhere("GET", self.path + "/tools", safe=True)
                     raise
-        return await self.farm._request(method, self.path + suffix, token=self.token, **kw)
+            return await self._elsewhere(method, path, **kw)
+        return await self.farm._request(method, path, token=self.token, **kw)
+
+    async def _elsewhere(self, method: str, path: str, **kw: Any) -> Reply:
+        """A request of a lease whose owner's listener failed: to another listener of the env
+        (one that refuses too is forgotten), else through the front."""
+        for url in list(self.farm._listeners.get(self.env, [])):
+            try:
+                return await self.farm._request(method, path, token=self.token,
+                                                via=self.farm._transport_to(url), **kw)
+            except TransportError as exc:
+                if exc.fields.get("sent") is not False:
+                    raise
+                self.farm._forget(url)
+        return await self.farm._request(method, path, token=self.token, **kw)
 
     async def _json(self, method: str, suffix: str = "", **kw: Any) -> Any:
         return _decode(await self._request(method, suffix, **kw), method, self.path + suffix)

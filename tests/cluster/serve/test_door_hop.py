@@ -66,7 +66,11 @@ async def test_a_direct_client_sends_a_leases_requests_to_its_owner_past_the_doo
     door, pool = _handles()
     before = await _replicas(pool)
     async with Farm(serve_farm.url, direct=True) as farm:
+        asked0 = (await door.hop.remote())["requests"]
         leases = [await farm.acquire(ENV) for _ in range(6)] + await farm.acquire_many(ENV, 2)
+        # new leases take turns among the Door and the listeners named so far
+        asked = (await door.hop.remote())["requests"] - asked0
+        assert 2 <= asked <= 5, asked
         sent0 = (await door.hop.remote())["sent_direct"]
         for lease in leases:
             await lease.call("create_wishlist", {"name": f"direct-{lease.lease_id}"})
@@ -153,12 +157,15 @@ async def test_a_killed_owner_loses_only_its_own_leases_over_the_direct_hop(serv
         infos = [await acquire(c, tally) for _ in range(12)]
         assert all([await write(c, info, tally) for info in infos])
         direct = [await farm.acquire(ENV) for _ in range(8)]
+        while len({owner_of(lease.lease_id) for lease in direct}) < 2 and len(direct) < 40:
+            direct.append(await farm.acquire(ENV))  # the client learns both listeners
         owners = {owner(i) for i in infos}
         assert len(owners) >= 2, owners
         victim = sorted(owners)[0]
         os.kill(replicas[victim]["pid"], signal.SIGKILL)  # a replica Ray started for this test
         await asyncio.sleep(0.5)
         codes = {i["lease_id"]: await check(c, i, tally) for i in infos}
+        asked0 = (await door.hop.remote())["requests"]
         outcomes = {}
         for lease in direct:
             try:
@@ -166,6 +173,8 @@ async def test_a_killed_owner_loses_only_its_own_leases_over_the_direct_hop(serv
                 outcomes[lease.lease_id] = "ok"
             except LeaseGone:
                 outcomes[lease.lease_id] = "gone"
+        # the dead owner's leases asked the surviving listener (it handed them on), not the Door
+        asked = (await door.hop.remote())["requests"] - asked0
         for info in infos:
             if owner(info) != victim:
                 await c.delete(lease_path(info), headers=auth(info))
@@ -174,6 +183,7 @@ async def test_a_killed_owner_loses_only_its_own_leases_over_the_direct_hop(serv
                 await lease.release()
     assert outcomes == {lease.lease_id: "gone" if owner_of(lease.lease_id) == victim else "ok"
                         for lease in direct}, outcomes
+    assert "gone" in outcomes.values() and asked == 0, asked
     lost = {i["lease_id"] for i in infos if owner(i) == victim}
     assert {lid for lid, code in codes.items() if code == 410} == lost
     assert all(code == 200 for lid, code in codes.items() if lid not in lost)

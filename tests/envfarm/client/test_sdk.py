@@ -22,7 +22,7 @@ from envfarm.client import (
     TransportError,
     reference_episode,
 )
-from envfarm.errors import EnvNotFound
+from envfarm.errors import EnvfarmError, EnvNotFound
 from envfarm.farm import FarmConfig, PoolConfig, build_app, free_port
 from tests.envfarm.farm.conftest import lifespan_running
 
@@ -137,6 +137,48 @@ async def test_retries_only_where_safe(bundled_catalog, hotel_runtime):
         with pytest.raises(TransportError):  # a tool call that may have run is not retried
             await lease.call("create_wishlist", {"name": "once"})
         assert [p for _, p in lost.seen].count(lease.path + "/call") == 1
+
+
+class _IngressGaveUp(_Flaky):
+    """The ingress answers the first n requests itself, as Serve's HAProxy answers a queue
+    timeout: a bare-text 500 (the request never reached the farm)."""
+
+    async def request(self, method, path, *, json=None, headers=None) -> Reply:
+        self.seen.append((method, path))
+        if self.failures:
+            self.failures -= 1
+            return Reply(500, b"Internal Server Error", {"content-type": "text/plain"})
+        return await self.inner.request(method, path, json=json, headers=headers)
+
+
+async def test_an_ingress_bare_500_is_retried_where_safe_and_typed_500s_are_not(
+        bundled_catalog, hotel_runtime):
+    core = compose_core(FarmConfig(envs=[ENV], pool=PoolConfig(warm=2)), catalog=bundled_catalog,
+                        runtimes={ENV: hotel_runtime})
+    busy = _IngressGaveUp(ASGITransport(build_app(core)), 2)
+    async with Farm("http://farm", transport=busy, backoff_s=0) as farm:
+        lease = await farm.acquire(ENV)  # safe (idempotency key): asked again, twice
+        assert len(busy.seen) == 3 and len(core.leases) == 1
+        busy.failures = 1
+        with pytest.raises(TransportError, match="HTTP 500"):  # may have run: not sent twice
+            await lease.call("create_wishlist", {"name": "once"})
+        assert [p for _, p in busy.seen].count(lease.path + "/call") == 1
+        busy.failures = 5  # more than the retry budget: the bare answer surfaces, typed
+        with pytest.raises(TransportError, match="Internal Server Error"):
+            await farm.envs()
+        assert busy.failures == 1  # 1 try + 3 retries
+
+    class _FarmSays500(_Flaky):  # the farm's own typed 500 is an answer, not the ingress's
+        async def request(self, method, path, *, json=None, headers=None) -> Reply:
+            self.seen.append((method, path))
+            return Reply(500, b'{"error": {"kind": "internal", "message": "verifier broke"}}',
+                         {"content-type": "application/json"})
+
+    said = _FarmSays500(ASGITransport(build_app(core)), 0)
+    async with Farm("http://farm", transport=said, backoff_s=0) as farm:
+        with pytest.raises(EnvfarmError, match="verifier broke") as typed:
+            await farm.envs()
+        assert not isinstance(typed.value, TransportError) and len(said.seen) == 1
 
 
 @pytest.fixture(scope="module")
