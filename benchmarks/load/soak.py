@@ -7,7 +7,10 @@ a wrong-state error. A lease that answers 410 is replaced by a new one. With
 trainer runs them): a lease's own log then stops growing with the run, so RSS that still grows
 is not the per-lease step log (kept up to 1,000 calls a lease). Reports errors by kind,
 which leases got 410 (only the killed replica's may), RSS over time per process group with a
-linear slope, and calls/s over time, as JSON and a PNG plot. Not part of ``make test``.
+linear slope, calls/s over time, and (run as root) HAProxy's own log of every answer by status
+and termination state, as JSON and a PNG plot. ``--direct`` is ``Farm(direct=True)``'s rule:
+calls and releases at the owner's listener, new leases at the front and the listeners named in
+turn, a dead owner's leases asked at another listener. Not part of ``make test``.
 
     unshare --net sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/load/soak.py'
 """
@@ -43,12 +46,18 @@ class Soak:
     """The traffic and everything it saw."""
 
     def __init__(self, url: str, leases: int, duration_s: float, direct: bool = False,
-                 episode_calls: int | None = None) -> None:
+                 episode_calls: int | None = None, calls_only: bool = False) -> None:
         self.url, self.n, self.duration_s = url, leases, duration_s
         self.episode_calls = episode_calls  # release + a new lease after this many reads
         self.episodes = 0
         self.direct = direct  # calls to the lease's owner listener (``direct_url``), the Door skipped
         self.direct_calls = 0
+        # Farm(direct=True)'s rule: new leases and a dead owner's requests at known listeners
+        # too; ``calls_only``: the rule before, those through the front
+        self.listener_turns = direct and not calls_only
+        self.listeners: list[str] = []  # owners' listeners seen in direct_url, in order
+        self.turn = self.direct_acquired = 0
+        self.acquired: list[tuple[float, bool, str, float]] = []  # (t, at the front, owner, s)
         self.errors: Counter = Counter()
         self.gone_owners: Counter = Counter()
         self.per_second: Counter = Counter()
@@ -59,14 +68,34 @@ class Soak:
         self.t0 = 0.0
         self.stop = asyncio.Event()
 
+    def _acquire_at(self) -> str:
+        """Where a new lease is asked for (the SDK's rule): the front and the listeners already
+        named take turns, so the farm still places a share of them by load and names new
+        replicas."""
+        if not self.listener_turns:
+            return self.url
+        self.turn = (self.turn + 1) % (len(self.listeners) + 1)
+        return self.listeners[self.turn - 1] if self.turn else self.url
+
     async def _acquire(self, s: aiohttp.ClientSession) -> dict:
         # A TTL past the run: the default (1 h) would end every lease of a 1 h soak.
         ttl = {"ttl_s": self.duration_s + TTL_MARGIN_S}
         while True:
+            at = self._acquire_at()
+            t = time.monotonic()
             try:
-                async with s.post(f"{self.url}/envs/{ENV}/leases", json=ttl) as r:
+                async with s.post(f"{at}/envs/{ENV}/leases", json=ttl) as r:
                     if r.status == 201:
                         info = await r.json()
+                        if self.t0:  # when, where asked, whose, how long (after the start)
+                            self.acquired.append((round(t - self.t0, 2), at == self.url,
+                                                  info["lease_id"].split("-")[0],
+                                                  round(time.monotonic() - t, 3)))
+                        if at != self.url:
+                            self.direct_acquired += 1
+                            info["direct_url"] = at  # an owner does not name its own listener
+                        elif (url := info.get("direct_url")) and url not in self.listeners:
+                            self.listeners.append(url)
                         body = {"tool": "create_wishlist",
                                 "arguments": {"name": info["lease_id"]}}
                         async with s.post(self._call_url(info), json=body,
@@ -76,14 +105,23 @@ class Soak:
                             self._error(w.status, await w.read(), w.content_type, "first call")
                     else:
                         self._error(r.status, await r.read(), r.content_type, "acquire")
+            except aiohttp.ClientConnectorError as exc:
+                if at == self.url:
+                    self.errors[f"transport {type(exc).__name__}"] += 1
+                elif at in self.listeners:  # that replica is gone: the front from now on
+                    self.listeners.remove(at)
+                    self.errors["direct acquire refused: asked the front"] += 1
+                    continue
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.errors[f"transport {type(exc).__name__}"] += 1
             await asyncio.sleep(0.2)
 
-    async def _release(self, s: aiohttp.ClientSession, info: dict) -> None:
+    async def _release(self, s: aiohttp.ClientSession, info: dict, front: bool) -> None:
+        # Where its calls go (the SDK's rule): the owner's listener on a direct client.
+        base = info.get("direct_url") if self.direct and not front else None
         try:
-            async with s.delete(f"{self.url}/envs/{ENV}/leases/{info['lease_id']}",
-                                headers=auth(info)) as r:
+            async with s.delete(f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/"
+                                f"{info['lease_id']}", headers=auth(info)) as r:
                 if r.status == 200:
                     self.episodes += 1
                 else:
@@ -109,16 +147,28 @@ class Soak:
         if len(seen) < 3:  # what the first few said, and to which request
             seen.append({"where": where, "body": body[:300].decode("utf-8", "replace")})
 
+    def _elsewhere(self, info: dict) -> tuple[dict, bool]:
+        """A lease whose owner's listener refused (the SDK's rule): another listener known
+        (it hands the lease's requests on to the owner, or says 410), else the front."""
+        dead = info["direct_url"]
+        if dead in self.listeners:
+            self.listeners.remove(dead)
+        if self.listener_turns and self.listeners:
+            self.errors["direct refused: asked another listener"] += 1
+            return {**info, "direct_url": self.listeners[0]}, False
+        self.errors["direct refused: asked the front"] += 1
+        return info, True
+
     async def lease_loop(self, s: aiohttp.ClientSession, ready: asyncio.Event) -> None:
         info = await self._acquire(s)
         self.held += 1
         await ready.wait()
         read = {"tool": "list_wishlists"}
-        front = False  # a direct lease whose owner refused the connection asks the front (the SDK's rule)
+        front = False  # a direct lease whose owner refused the connection: asked elsewhere
         reads = 0
         while not self.stop.is_set():
             if self.episode_calls and reads >= self.episode_calls:
-                await self._release(s, info)
+                await self._release(s, info, front)
                 info, front, reads = await self._acquire(s), False, 0
             t = time.monotonic()
             url = self._call_url(info, front)
@@ -128,8 +178,7 @@ class Soak:
                     status, ctype = r.status, r.content_type
             except aiohttp.ClientConnectorError as exc:
                 if self.direct and not front and info.get("direct_url"):
-                    self.errors["direct refused: asked the front"] += 1
-                    front = True
+                    info, front = self._elsewhere(info)
                     continue
                 self.errors[f"transport {type(exc).__name__}"] += 1
                 await asyncio.sleep(0.2)
@@ -158,6 +207,36 @@ class Soak:
                 info, front, reads = await self._acquire(s), False, 0
 
 
+class HAProxyLog(asyncio.DatagramProtocol):
+    """HAProxy's request log, which Serve's config sends to syslog at 127.0.0.1:514 (nobody
+    listens there by default): each answer counted by status and termination state (``sQ--``:
+    waited out the server queue; HAProxy's own 502/503/504 reach the client as Serve's bare-text
+    500), with the first lines of each kind that is not a farm answer."""
+
+    LINE = re.compile(rb' (\d{3}) -?\d+ \S+ \S+ (\S{4}) ')
+
+    def __init__(self) -> None:
+        self.answers: Counter = Counter()
+        self.samples: dict[str, list[str]] = {}
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        if (m := self.LINE.search(data)) is None:
+            return
+        key = f"{m[1].decode()} {m[2].decode()}"
+        self.answers[key] += 1
+        if m[2] != b"----" and len(seen := self.samples.setdefault(key, [])) < 3:
+            seen.append(data[data.find(b"]: ") + 3:].decode("utf-8", "replace").strip()[:300])
+
+    @classmethod
+    async def listen(cls) -> HAProxyLog | None:
+        try:
+            _, log = await asyncio.get_running_loop().create_datagram_endpoint(
+                cls, local_addr=("127.0.0.1", 514))
+        except OSError:  # not root, or taken: the soak goes on without it
+            return None
+        return log
+
+
 def only_loopback() -> bool:
     return {name for _, name in socket.if_nameindex()} <= {"lo"}
 
@@ -175,8 +254,9 @@ async def replicas(app: str) -> dict[str, int]:
 
 async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
     soak = Soak(url, args.leases, args.duration, direct=args.direct,
-                episode_calls=args.episode_calls)
+                episode_calls=args.episode_calls, calls_only=args.direct_calls_only)
     rss = RssLog(session_dir)
+    haproxy_log = await HAProxyLog.listen()
     ready = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=args.connections)
     async with aiohttp.ClientSession(connector=conn,
@@ -207,6 +287,9 @@ async def run(args: argparse.Namespace, url: str, session_dir: str) -> dict:
     result = report(args, soak, rss, acquire_s, before, after, victim, kill_at)
     # Which server took the traffic: a replica marked down sends it to the Python-proxy fallback.
     result["haproxy_servers"] = haproxy_servers(url)
+    result["haproxy_answers"] = (
+        {"by_status_and_termination": dict(haproxy_log.answers.most_common()),
+         "samples": haproxy_log.samples} if haproxy_log else None)
     return result
 
 
@@ -214,6 +297,16 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
            victim: str, kill_at: float | None) -> dict:
     series = [soak.per_second.get(t, 0) for t in range(int(args.duration))]
     failures = []
+    # new leases' answer times by where they were asked and whose they became, before the kill
+    # and in the 60 s after it (which replica is slow to make leases after a replacement)
+    phases: dict[str, list[float]] = {}
+    for t, front, owner, took in soak.acquired:
+        phase = ("before kill" if kill_at is None or t < kill_at else
+                 "60 s after kill" if t < kill_at + 60 else "later")
+        role = ("killed" if owner == victim else "survivor" if owner in before else "newborn")
+        phases.setdefault(f"{phase}, {'front' if front else 'listener'}, {role}", []).append(took)
+    acquire_times = {k: {"n": len(v), "p50_s": round(pct(v, 0.5), 3),
+                         "p90_s": round(pct(v, 0.9), 3)} for k, v in sorted(phases.items())}
     if set(soak.gone_owners) - ({victim} if kill_at is not None else set()):
         failures.append(f"410 on leases of live replicas: {dict(soak.gone_owners)}")
     if soak.errors["wrong_state"]:
@@ -222,14 +315,17 @@ def report(args, soak: Soak, rss: RssLog, acquire_s: float, before: dict, after:
     if bad:
         failures.append(f"5xx/transport errors: {bad}")
     return {
+        "acquire_times": acquire_times,
         "config": {"leases": args.leases, "duration_s": args.duration, "replicas": args.replicas,
                    "door_hop": args.door_hop, "direct": args.direct,
+                   "direct_calls_only": args.direct_calls_only,
                    "episode_calls": args.episode_calls,
                    "connections": args.connections, "tool": "list_wishlists (reads own state)",
                    "cores": os.cpu_count(), "loadavg_end": os.getloadavg()},
         "acquire_all_s": round(acquire_s, 1),
         "calls": soak.calls, "calls_per_s": round(soak.calls / args.duration, 1),
-        "direct_calls": soak.direct_calls, "episodes_released": soak.episodes,
+        "direct_calls": soak.direct_calls, "direct_acquired": soak.direct_acquired,
+        "episodes_released": soak.episodes,
         "p50_ms": round(pct(soak.latencies, 0.5) * 1000, 2),
         "p99_ms": round(pct(soak.latencies, 0.99) * 1000, 2),
         "errors_by_kind": dict(soak.errors), "error_samples": soak.error_samples,
@@ -285,6 +381,9 @@ def main() -> None:
                    help="how the Door reaches a lease's owner (DeploymentOptions.door_hop)")
     p.add_argument("--direct", action="store_true",
                    help="send each lease's calls to its owner's listener (LeaseInfo.direct_url)")
+    p.add_argument("--direct-calls-only", action="store_true",
+                   help="with --direct: the rule before, new leases and a dead owner's requests "
+                        "through the front (default: Farm(direct=True)'s, known listeners too)")
     p.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     p.add_argument("--episode-calls", type=int, default=None,
                    help="release each lease after this many reads and take a new one")
