@@ -32,6 +32,8 @@ from envfarm.worker._spawn import WorkerLost
 from envfarm.worker._watch import CpuWatch
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+#: Worker starts at once when many leases wait for room (each ~1 s of CPU, ~50 MiB).
+MAX_STARTS_AT_ONCE = 4
 log = logging.getLogger("envfarm.worker")
 
 
@@ -117,7 +119,8 @@ class WorkerEnv:
             self.workers = []
         self._ids = itertools.count(1)
         self._task_initials: dict[int, Template] = {}  # task -> its own starting database
-        self._growing: asyncio.Task | None = None
+        self._growing: set[asyncio.Future] = set()  # worker starts under way
+        self._waiting = 0  # leases waiting for a worker with room
         self.started = 1  # workers started over this env's life (replacements included)
         self.open_leases = 0
         self._retiring: asyncio.TimerHandle | None = None
@@ -297,18 +300,35 @@ class WorkerEnv:
             self._task_initials[task] = Template(data)
         return self._task_initials[task]
 
-    async def _grow(self) -> None:
-        """One more worker; concurrent callers share the start under way."""
-        await asyncio.shield(self._start_growing())
+    @property
+    def starting(self) -> int:
+        """Workers starting now (operators, tests)."""
+        return len(self._growing)
 
-    def _start_growing(self) -> asyncio.Future:
-        if self._growing is None:
-            self._growing = asyncio.ensure_future(self._started_worker())
-            self._growing.add_done_callback(self._grown)
-        return self._growing
+    async def _grow(self) -> None:
+        """Wait for another worker. Waiting leases share the starts under way, and as many
+        start at once as the waiting leases fill (up to ``MAX_STARTS_AT_ONCE``): a burst of
+        leases on a fresh replica does not wait for its workers one by one."""
+        self._waiting += 1
+        try:
+            room = 1 if self.per_lease else self.options.leases_per_worker
+            wanted = min(MAX_STARTS_AT_ONCE, -(-self._waiting // room))
+            while len(self._growing) < wanted:
+                self._start_growing(another=True)
+            done, _ = await asyncio.wait(self._growing, return_when=asyncio.FIRST_COMPLETED)
+            next(iter(done)).result()  # a start that failed raises WorkerStartError here
+        finally:
+            self._waiting -= 1
+
+    def _start_growing(self, another: bool = False) -> None:
+        """A worker start, unless one is under way (``another``: regardless)."""
+        if another or not self._growing:
+            start = asyncio.ensure_future(self._started_worker())
+            start.add_done_callback(self._grown)
+            self._growing.add(start)
 
     def _grown(self, future: asyncio.Future) -> None:
-        self._growing = None
+        self._growing.discard(future)
         if not future.cancelled() and future.exception() is not None:
             log.warning("env %s: a worker did not start: %s", self.name, future.exception())
 
@@ -391,9 +411,9 @@ class WorkerEnv:
                          workers=len(self._live()), workers_started=self.started)
 
     async def aclose(self) -> None:
-        if self._growing is not None:
-            self._growing.cancel()
-            await asyncio.gather(self._growing, return_exceptions=True)
+        for start in list(self._growing):
+            start.cancel()
+        await asyncio.gather(*self._growing, return_exceptions=True)
         self.kill_all("farm shut down")
 
     def kill_all(self, reason: str) -> None:

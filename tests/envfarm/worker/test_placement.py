@@ -45,6 +45,37 @@ async def test_concurrent_leases_never_overbook_a_worker(bundle):
         await env.aclose()
 
 
+async def test_a_burst_of_leases_starts_workers_at_once_not_one_by_one(bundle):
+    """A fresh replica handed many leases at once (its predecessor died) starts as many workers
+    together as the waiting leases fill, up to MAX_STARTS_AT_ONCE; none overbooked."""
+    from envfarm.worker._env import MAX_STARTS_AT_ONCE
+
+    env = WorkerEnv(bundle, WorkerOptions(leases_per_worker=2, probe_module_state=False,
+                                          retire_idle_s=0), warm=0)
+    starting: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            starting.append(env.starting)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        insts = await asyncio.gather(*(env.acquire() for _ in range(12)))
+        watcher.cancel()
+        per_worker: dict[int, int] = {}
+        for inst in insts:
+            per_worker[inst.worker.pid] = per_worker.get(inst.worker.pid, 0) + 1
+        assert max(per_worker.values()) <= 2 and len(per_worker) == 6
+        assert max(starting) == MAX_STARTS_AT_ONCE, max(starting)  # 10 waiting: 5 wanted
+        assert env.starting == 0
+        for inst in insts:
+            env.release(inst)
+    finally:
+        watcher.cancel()
+        await env.aclose()
+
+
 async def test_leases_of_a_killed_worker_continue_on_a_new_one_with_their_state(bundle):
     """Issue 34 §5: a worker killed with no call in flight loses no lease: each continues on a
     fresh worker from its last completed call."""
