@@ -117,11 +117,8 @@ class Soak:
             await asyncio.sleep(0.2)
 
     async def _release(self, s: aiohttp.ClientSession, info: dict, front: bool) -> None:
-        # Where its calls go (the SDK's rule): the owner's listener on a direct client.
-        base = info.get("direct_url") if self.direct and not front else None
-        try:
-            async with s.delete(f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/"
-                                f"{info['lease_id']}", headers=auth(info)) as r:
+        try:  # where its calls go (the SDK's rule)
+            async with s.delete(self._lease_url(info, front), headers=auth(info)) as r:
                 if r.status == 200:
                     self.episodes += 1
                 else:
@@ -129,9 +126,13 @@ class Soak:
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.errors[f"transport {type(exc).__name__}"] += 1
 
-    def _call_url(self, info: dict, front: bool = False) -> str:
+    def _lease_url(self, info: dict, front: bool = False) -> str:
+        """The lease's URL: at its owner's listener on a direct client, else the front."""
         base = info.get("direct_url") if self.direct and not front else None
-        return f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/{info['lease_id']}/call"
+        return f"{(base or self.url).rstrip('/')}/envs/{ENV}/leases/{info['lease_id']}"
+
+    def _call_url(self, info: dict, front: bool = False) -> str:
+        return self._lease_url(info, front) + "/call"
 
     def _error(self, status: int, body: bytes, content_type: str, where: str = "call") -> None:
         if "json" in content_type:

@@ -6,7 +6,7 @@ listener of each, as the Door does."""
 from __future__ import annotations
 
 import itertools
-import json
+import json as jsonlib
 
 from cluster.compose import LocalFarm
 from envfarm.client import Farm, HTTPTransport, Reply
@@ -23,27 +23,19 @@ class _Door:
         self.next = itertools.cycle(self.replicas)
         self.seen: list[tuple[str, str]] = []
 
-    async def request(self, method, path, *, json=None, headers=None) -> Reply:  # noqa: A002
+    async def request(self, method, path, *, json=None, headers=None) -> Reply:
         self.seen.append((method, path))
         url, replica = next(self.next)
         reply = await replica.request(method, path, json=json, headers=headers)
         if reply.status == 201:
-            info = _loads(reply.body)
+            info = jsonlib.loads(reply.body)
             info["direct_url"] = url
-            reply = Reply(201, _dumps(info), reply.headers)
+            reply = Reply(201, jsonlib.dumps(info).encode(), reply.headers)
         return reply
 
     async def aclose(self) -> None:
         for _, replica in self.replicas:
             await replica.aclose()
-
-
-def _loads(body: bytes) -> dict:
-    return json.loads(body)
-
-
-def _dumps(data: dict) -> bytes:
-    return json.dumps(data).encode()
 
 
 def _farm() -> LocalFarm:
